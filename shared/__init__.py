@@ -1,0 +1,1 @@
+"""Shared core of the latency-model services: wire schemas, features, model artifacts, settings."""

@@ -1,0 +1,359 @@
+"""Wire schemas of the scheduler-facing API and their vectorised validation.
+
+Rows arrive as JSON objects (see wire-contract.md section 1). We never build a
+per-row object: each field is pulled out as one list, type-checked with a set of
+types, converted to one numpy column and range-checked with array operations.
+Invalid values become FastAPI-style error items naming the row index and the
+field, so a caller learns exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from itertools import chain
+from typing import Any, Literal
+
+import numpy as np
+import orjson
+
+from shared.errors import InvalidInput
+
+MAX_BULK_ROWS = 10_000
+MAX_REPORTED_ERRORS = 20
+# Generous but finite: keeps every feature exactly representable after float32 conversion
+# of the derived features and rejects garbage such as 1e300 tokens.
+MAX_COUNT = 2**31 - 1
+MAX_LATENCY_MS = 3_600_000.0  # one hour
+POD_TYPE_CODES: dict[str, int] = {"": 0, "prefill": 1, "decode": 2}
+POD_TYPE_NAMES = {code: name for name, code in POD_TYPE_CODES.items()}
+# The Go client's zero time.Time: "no timestamp", which means "now".
+ZERO_TIMESTAMPS = frozenset({"0001-01-01T00:00:00Z", "0001-01-01T00:00:00+00:00", ""})
+
+Kind = Literal["float", "int", "pod_type"]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One wire field: its kind, inclusive bounds and default (``None`` = required)."""
+
+    name: str
+    kind: Kind
+    lo: float = 0.0
+    hi: float = MAX_COUNT
+    default: float | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is None
+
+
+ROW_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("kv_cache_percentage", "float", 0.0, 1.0),
+    FieldSpec("input_token_length", "int"),
+    FieldSpec("num_request_waiting", "int"),
+    FieldSpec("num_request_running", "int"),
+    FieldSpec("num_tokens_generated", "int"),
+    FieldSpec("prefix_cache_score", "float", 0.0, 1.0),
+    FieldSpec("pod_type", "pod_type", default=0),
+    FieldSpec("prefill_tokens_in_flight", "int", default=0),
+    FieldSpec("decode_tokens_in_flight", "int", default=0),
+    FieldSpec("encoder_matched_size", "int", default=0),
+    FieldSpec("encoder_input_size", "int", default=0),
+)
+ROW_FIELD_NAMES = tuple(f.name for f in ROW_FIELDS)
+
+TARGET_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("actual_ttft_ms", "float", 0.0, MAX_LATENCY_MS),
+    FieldSpec("actual_tpot_ms", "float", 0.0, MAX_LATENCY_MS),
+)
+
+Columns = dict[str, np.ndarray]
+"""Field name -> float64 column (``pod_type`` holds its integer code)."""
+
+_NUMBER_TYPES = frozenset({int, float})
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse JSON with orjson, turning a syntax error into a 422 naming the position."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(
+            [
+                {
+                    "type": "json_invalid",
+                    "loc": ["body", exc.pos],
+                    "msg": f"JSON decode error: {exc.msg}",
+                    "input": None,
+                }
+            ]
+        ) from None
+
+
+def require_list(body: Any, key: str, *, max_items: int = MAX_BULK_ROWS) -> list[Any]:
+    """Return ``body[key]`` as a non-empty list of at most ``max_items`` items, or raise a 422."""
+    if not isinstance(body, dict):
+        raise InvalidInput([_err("dict_type", ["body"], "Input should be a valid dictionary", None)])
+    items = body.get(key)
+    loc = ["body", key]
+    if items is None:
+        raise InvalidInput([_err("missing", loc, "Field required", None)])
+    if not isinstance(items, list):
+        raise InvalidInput([_err("list_type", loc, "Input should be a valid list", None)])
+    if not items:
+        raise InvalidInput(
+            [_err("too_short", loc, "List should have at least 1 item after validation, not 0", [])]
+        )
+    if len(items) > max_items:
+        raise InvalidInput(
+            [
+                _err(
+                    "too_long",
+                    loc,
+                    f"List should have at most {max_items} items after validation, not {len(items)}",
+                    None,
+                )
+            ]
+        )
+    return items
+
+
+def parse_rows(
+    rows: Sequence[Any],
+    loc: Sequence[str | int] = ("body", "requests"),
+    fields: Sequence[FieldSpec] = ROW_FIELDS,
+) -> Columns:
+    """Validate feature rows and return them as columns, or raise ``InvalidInput``.
+
+    ``loc`` prefixes each error location; the row index and the field name follow it.
+    Unknown fields are ignored. Optional fields that are absent or ``null`` take their default.
+    """
+    errors = _Errors()
+    not_objects = [i for i, row in enumerate(rows) if type(row) is not dict]
+    for i in not_objects:
+        errors.add("dict_type", [*loc, i], "Input should be a valid dictionary", rows[i])
+    if not_objects:
+        errors.raise_if_any()
+    columns = _parse_valid_fast(rows, fields)
+    if columns is not None:
+        return columns
+    # Something is wrong: redo it field by field to say exactly what.
+    columns = {spec.name: _parse_column(rows, spec, loc, errors) for spec in fields}
+    errors.raise_if_any()
+    return columns
+
+
+def _parse_valid_fast(rows: Sequence[dict[str, Any]], fields: Sequence[FieldSpec]) -> Columns | None:
+    """All numeric fields in one matrix and one pass of checks; ``None`` if anything is invalid.
+
+    This is the hot path of every prediction call, so it does a fixed, small number of numpy
+    operations whatever the number of fields.
+    """
+    numeric = [spec for spec in fields if spec.kind != "pod_type"]
+    lists = [[row.get(spec.name, spec.default) for row in rows] for spec in numeric]
+    if not set(map(type, chain.from_iterable(lists))) <= _NUMBER_TYPES:
+        return None
+    try:
+        matrix = np.array(lists, dtype=np.float64)
+    except OverflowError:
+        return None
+    bounds = _bounds(tuple(numeric))
+    with np.errstate(invalid="ignore"):
+        ok = (matrix >= bounds[0]).all() and (matrix <= bounds[1]).all()  # NaN compares False
+    if not ok:
+        return None
+    ints = matrix[bounds[2]]
+    if (ints != np.trunc(ints)).any():
+        return None
+    columns: Columns = dict(zip([spec.name for spec in numeric], matrix, strict=True))
+    for spec in fields:
+        if spec.kind == "pod_type":
+            values = [row.get(spec.name) for row in rows]
+            if not set(values) <= {"", None}:
+                errors = _Errors()
+                columns[spec.name] = _parse_pod_type(values, spec, lambda i: [], errors)
+                if errors.total:
+                    return None
+            else:
+                columns[spec.name] = np.zeros(len(rows), dtype=np.float64)
+    return columns
+
+
+@lru_cache(maxsize=8)
+def _bounds(numeric: tuple[FieldSpec, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lo = np.array([[spec.lo] for spec in numeric])
+    hi = np.array([[spec.hi] for spec in numeric])
+    is_int = np.array([spec.kind == "int" for spec in numeric])
+    return lo, hi, is_int
+
+
+def parse_row(row: Any) -> Columns:
+    """Validate one feature row (the body of ``POST /predict``); errors are located at ``body.<field>``."""
+    if type(row) is not dict:
+        raise InvalidInput([_err("dict_type", ["body"], "Input should be a valid dictionary", None)])
+    errors = _Errors()
+    columns = {spec.name: _parse_column([row], spec, ("body",), errors, single=True) for spec in ROW_FIELDS}
+    errors.raise_if_any()
+    return columns
+
+
+def parse_training_entries(
+    entries: Sequence[Any], *, now_s: float, loc: Sequence[str | int] = ("body", "entries")
+) -> tuple[Columns, np.ndarray]:
+    """Validate training entries: feature columns plus ``actual_*`` targets, and timestamps in epoch seconds.
+
+    An absent, null or zero-value (``0001-01-01T00:00:00Z``) timestamp means ``now_s``.
+    """
+    columns = parse_rows(entries, loc, (*ROW_FIELDS, *TARGET_FIELDS))
+    errors = _Errors()
+    timestamps = np.full(len(entries), now_s, dtype=np.float64)
+    cache: dict[str, float] = {}
+    for i, entry in enumerate(entries):
+        value = entry.get("timestamp")
+        if value is None or value in ZERO_TIMESTAMPS:
+            continue
+        parsed = cache.get(value) if isinstance(value, str) else None
+        if parsed is None:
+            parsed = _parse_timestamp(value)
+            if parsed is None:
+                errors.add(
+                    "datetime_parsing",
+                    [*loc, i, "timestamp"],
+                    "Input should be an RFC 3339 date-time string",
+                    value,
+                )
+                continue
+            cache[value] = parsed
+        timestamps[i] = parsed
+    errors.raise_if_any()
+    return columns, timestamps
+
+
+def pod_type_name(code: int) -> str:
+    return POD_TYPE_NAMES.get(int(code), "")
+
+
+def _parse_timestamp(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    if parsed.year <= 1:
+        return None
+    return parsed.timestamp()
+
+
+class _Errors:
+    """Collects error items, keeping the first few and counting all."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+        self.total = 0
+
+    def add(self, kind: str, loc: list[Any], msg: str, value: Any) -> None:
+        self.total += 1
+        if len(self.items) < MAX_REPORTED_ERRORS:
+            self.items.append(_err(kind, loc, msg, value))
+
+    def raise_if_any(self) -> None:
+        if self.total:
+            raise InvalidInput(self.items, total_errors=self.total)
+
+
+def _err(kind: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
+    if (isinstance(value, float) and not math.isfinite(value)) or (
+        isinstance(value, int) and abs(value) >= 2**63
+    ):
+        value = str(value)  # keep the 422 body valid, serialisable JSON
+    return {"type": kind, "loc": loc, "msg": msg, "input": value}
+
+
+def _parse_column(
+    rows: Sequence[dict[str, Any]],
+    spec: FieldSpec,
+    loc: Sequence[str | int],
+    errors: _Errors,
+    single: bool = False,
+) -> np.ndarray:
+    name = spec.name
+    values = [row.get(name) for row in rows]
+
+    def where(i: int) -> list[Any]:
+        return [*loc, name] if single else [*loc, i, name]
+
+    if spec.kind == "pod_type":
+        return _parse_pod_type(values, spec, where, errors)
+    types = set(map(type, values))
+    column: np.ndarray | None = None
+    if types <= _NUMBER_TYPES:
+        try:
+            column = np.array(values, dtype=np.float64)
+        except OverflowError:  # an int too large for a float: find it below
+            column = None
+    if column is None:
+        column = np.empty(len(values), dtype=np.float64)
+        for i, value in enumerate(values):
+            vtype = type(value)
+            if vtype is float or vtype is int:
+                column[i] = float(value) if abs(value) < 1e300 else math.inf  # type: ignore[arg-type]
+            elif value is None and not spec.required:
+                column[i] = spec.default
+            else:
+                column[i] = math.nan  # keeps the range check below from reporting it twice
+                if value is None and name not in rows[i]:
+                    errors.add("missing", where(i), "Field required", None)
+                elif value is None:
+                    errors.add(f"{spec.kind}_type", where(i), f"Input should be a valid {_noun(spec)}", None)
+                else:
+                    errors.add(f"{spec.kind}_type", where(i), f"Input should be a valid {_noun(spec)}", value)
+        reported = ~np.isfinite(column) & np.array([type(v) not in _NUMBER_TYPES for v in values])
+    else:
+        reported = None
+    bad = ~np.isfinite(column)
+    if reported is not None:
+        bad &= ~reported
+    for i in np.flatnonzero(bad).tolist():
+        errors.add("finite_number", where(i), "Input should be a finite number", values[i])
+    finite = ~bad if reported is None else np.isfinite(column)
+    lo, hi = (int(spec.lo), int(spec.hi)) if spec.kind == "int" else (spec.lo, spec.hi)
+    for i in np.flatnonzero(finite & (column < spec.lo)).tolist():
+        errors.add(
+            "greater_than_equal", where(i), f"Input should be greater than or equal to {lo}", values[i]
+        )
+    for i in np.flatnonzero(finite & (column > spec.hi)).tolist():
+        errors.add("less_than_equal", where(i), f"Input should be less than or equal to {hi}", values[i])
+    if spec.kind == "int":
+        fractional = finite & (column != np.trunc(column))
+        for i in np.flatnonzero(fractional).tolist():
+            errors.add(
+                "int_from_float",
+                where(i),
+                "Input should be a valid integer, got a number with a fractional part",
+                values[i],
+            )
+    return column
+
+
+def _parse_pod_type(values: list[Any], spec: FieldSpec, where: Any, errors: _Errors) -> np.ndarray:
+    codes = np.zeros(len(values), dtype=np.float64)
+    if set(values) <= {"", None}:
+        return codes
+    for i, value in enumerate(values):
+        code = 0 if value is None else POD_TYPE_CODES.get(value) if isinstance(value, str) else None
+        if code is None:
+            errors.add("enum", where(i), "Input should be '', 'prefill' or 'decode'", value)
+        else:
+            codes[i] = code
+    return codes
+
+
+def _noun(spec: FieldSpec) -> str:
+    return "integer" if spec.kind == "int" else "number"
