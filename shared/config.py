@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -108,3 +108,7 @@ def split_comma_list(value: Any) -> Any:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
     return value
+
+
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_comma_list)]
+"""A list setting written ``a,b,c`` in flags and environment variables (not JSON)."""
