@@ -1,0 +1,307 @@
+"""The demo workload: a simulated pod pool routed by our predictions, over real HTTP.
+
+For each arriving request the demo asks ``POST /predict/bulk/strict`` for one row per pod,
+routes to the pod with the lowest predicted TTFT (random among ties; a random pod with
+probability ``epsilon``, so the samples keep covering pods the model dislikes) and feeds
+every completion back through ``POST /add_training_data_bulk``. The simulator keeps its own
+clock: prediction calls cost no simulated time, so the demo runs faster than real time
+(``speed`` caps it; 0 means as fast as the calls allow) and ends after ``duration_s``
+simulated seconds. It shows a live view and returns a summary dict.
+
+Run it against any running stack: ``python -m stack.demo --prediction-url URL --training-url URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import httpx
+import numpy as np
+import orjson
+
+from shared.logging import configure_logging, log_event
+from stack.dashboard import DemoSnapshot, LiveView
+from stack.demo_report import DemoRun, build_summary, format_summary
+from stack.demo_stats import LatencyWindow, Outcome, RollingAccuracy
+from stack.samples import SampleSender
+from stack.simulator import Cluster, PodConfig, SimRequest, Workload, WorkloadConfig, round_robin, simulate
+
+log = logging.getLogger(__name__)
+
+_WATCHDOG_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    prediction_url: str
+    training_url: str  # where samples go: the coalescer relays them to the training server
+    duration_s: float = 120.0  # simulated
+    pods: int = 8
+    rate_rps: float = 60.0
+    speed: float = 0.0  # simulated seconds per wall second; 0 = unthrottled
+    seed: int = 0
+    epsilon: float = 0.05
+    window: int = 500
+    refresh_s: float = 1.0
+    log_every_s: float = 5.0  # when the output is not a terminal
+    call_timeout_s: float = 5.0
+    final_flush_timeout_s: float = 30.0
+    tty: bool | None = None
+
+    def workload(self) -> Workload:
+        return Workload(
+            WorkloadConfig(
+                rate_rps=self.rate_rps, num_requests=None, duration_s=self.duration_s, seed=self.seed
+            )
+        )
+
+    def cluster(self) -> Cluster:
+        return Cluster([PodConfig() for _ in range(self.pods)], seed=self.seed)
+
+
+def run_demo(
+    cfg: DemoConfig, out: TextIO | None = None, watchdog: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Run the demo to the end and return its summary; ``watchdog`` may raise to abort it."""
+    return asyncio.run(_Demo(cfg, out or sys.stdout, watchdog).run())
+
+
+class _Demo:
+    def __init__(self, cfg: DemoConfig, out: TextIO, watchdog: Callable[[], None] | None) -> None:
+        self.cfg = cfg
+        self.view = LiveView(out, tty=cfg.tty, log_every_s=cfg.log_every_s)
+        self.watchdog = watchdog
+        self.rng = random.Random(cfg.seed)
+        self.cluster = cfg.cluster()
+        self.ttft = RollingAccuracy(cfg.window)
+        self.tpot = RollingAccuracy(cfg.window)
+        self.latency = LatencyWindow()
+        self.all_latencies_ms: list[float] = []
+        self.outcomes: list[Outcome] = []
+        self.pending: dict[int, tuple[float, float, str | None]] = {}
+        self.requests = 0
+        self.rows = 0
+        self.prediction_errors = 0
+        self.last_error: str | None = None
+        self.versions: dict[str, float] = {}  # version -> wall seconds when first seen
+        self.model_version: str | None = None
+        self.quantile = 0.9
+        self.started = time.monotonic()
+        self.sim_end_s = 0.0
+        self._next_watch = 0.0
+        self.sender: SampleSender | None = None
+
+    async def run(self) -> dict[str, Any]:
+        cfg = self.cfg
+        limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+        async with httpx.AsyncClient(timeout=cfg.call_timeout_s, limits=limits) as client:
+            self.sender = SampleSender(client, cfg.training_url)
+            sender_task = asyncio.create_task(self.sender.run(), name="demo-samples")
+            view_task = asyncio.create_task(self._refresh(), name="demo-view")
+            self.started = time.monotonic()
+            try:
+                for req in cfg.workload():
+                    self._watch()
+                    if cfg.speed > 0:
+                        delay = self.started + req.arrival_s / cfg.speed - time.monotonic()
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                    self._complete(self.cluster.advance_to(req.arrival_s))
+                    rows = self.cluster.candidate_rows(req)
+                    self.cluster.route(req, await self._choose(client, req, rows))
+                    self.requests += 1
+                self.sim_end_s = self.cluster.now_s
+                self._complete(self.cluster.drain())
+                await self.sender.close(sender_task, cfg.final_flush_timeout_s)
+            finally:
+                view_task.cancel()
+                sender_task.cancel()
+                for task in (view_task, sender_task):
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        wall_s = time.monotonic() - self.started
+        self.view.update(self._snapshot(done=True))
+        summary = build_summary(self._results(wall_s))
+        self.view.out.write(format_summary(summary) + "\n")
+        self.view.out.flush()
+        log_event(
+            log, "demo_finished", **{k: v for k, v in summary.items() if not isinstance(v, dict | list)}
+        )
+        return summary
+
+    def _results(self, wall_s: float) -> DemoRun:
+        cfg = self.cfg
+        sender = self.sender
+        assert sender is not None
+        # The counterfactual: the same arrivals on the same pods, routed round-robin.
+        baseline = simulate(cfg.workload(), cfg.cluster(), round_robin())
+        return DemoRun(
+            duration_s=cfg.duration_s,
+            pods=cfg.pods,
+            rate_rps=cfg.rate_rps,
+            window=cfg.window,
+            wall_s=wall_s,
+            sim_s=self.sim_end_s,
+            requests=self.requests,
+            rows=self.rows,
+            prediction_errors=self.prediction_errors,
+            last_error=self.last_error,
+            call_latencies_ms=self.all_latencies_ms,
+            versions=self.versions,
+            final_version=self.model_version,
+            quantile=self.quantile,
+            outcomes=self.outcomes,
+            samples={
+                "sent": sender.sent,
+                "accepted": sender.accepted,
+                "rejected": sender.rejected,
+                "throttled": sender.throttled,
+                "failed_calls": sender.failed_calls,
+                "dropped": sender.dropped,
+                "unsent": sender.queued,
+            },
+            round_robin_ttft_ms=[c.ttft_ms for c in baseline],
+            round_robin_tpot_ms=[c.tpot_ms for c in baseline],
+        )
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        if self.watchdog is not None and now >= self._next_watch:
+            self._next_watch = now + _WATCHDOG_EVERY_S
+            self.watchdog()
+
+    async def _choose(self, client: httpx.AsyncClient, req: SimRequest, rows: list[dict[str, Any]]) -> int:
+        t0 = time.perf_counter()
+        try:
+            resp = await client.post(
+                self.cfg.prediction_url.rstrip("/") + "/predict/bulk/strict",
+                content=orjson.dumps({"requests": rows}),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError as exc:
+            return self._fallback(rows, f"{type(exc).__name__}: {exc}")
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        self.latency.add(elapsed_ms)
+        self.all_latencies_ms.append(elapsed_ms)
+        if resp.status_code != 200:
+            return self._fallback(rows, f"HTTP {resp.status_code}: {resp.text[:200]}")
+        predictions = orjson.loads(resp.content)["predictions"]
+        ttfts = [float(p["ttft_ms"]) for p in predictions]
+        if self.rng.random() < self.cfg.epsilon:
+            pod = self.rng.randrange(len(rows))
+        else:
+            best = min(ttfts)
+            pod = self.rng.choice([i for i, t in enumerate(ttfts) if t <= best])
+        chosen = predictions[pod]
+        version = chosen.get("model_version")
+        if version is not None:
+            version = str(version)
+            self.versions.setdefault(version, time.monotonic() - self.started)
+        self.model_version = version
+        self.quantile = float(chosen.get("quantile") or self.quantile)
+        self.pending[req.request_id] = (ttfts[pod], float(chosen["tpot_ms"]), version)
+        self.rows += len(rows)
+        return pod
+
+    def _fallback(self, rows: list[dict[str, Any]], error: str) -> int:
+        """Without predictions, route like a queue-depth scheduler would."""
+        self.prediction_errors += 1
+        if self.last_error != error:
+            log_event(log, "prediction_call_failed", logging.WARNING, error=error)
+        self.last_error = error
+        loads = [r["num_request_waiting"] + r["num_request_running"] for r in rows]
+        return int(np.argmin(loads))
+
+    def _complete(self, completions: list[Any]) -> None:
+        assert self.sender is not None
+        for c in completions:
+            entry = dict(c.features)
+            entry["actual_ttft_ms"] = c.ttft_ms
+            entry["actual_tpot_ms"] = c.tpot_ms
+            self.sender.add(entry)
+            predicted = self.pending.pop(c.request.request_id, None)
+            if predicted is None:
+                self.outcomes.append(Outcome(c.pod, c.ttft_ms, c.tpot_ms, None, None, None))
+                continue
+            p_ttft, p_tpot, version = predicted
+            self.ttft.add(p_ttft, c.ttft_ms)
+            self.tpot.add(p_tpot, c.tpot_ms)
+            self.outcomes.append(Outcome(c.pod, c.ttft_ms, c.tpot_ms, p_ttft, p_tpot, version))
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.refresh_s)
+            self.view.update(self._snapshot())
+
+    def _snapshot(self, done: bool = False) -> DemoSnapshot:
+        sender = self.sender
+        assert sender is not None
+        return DemoSnapshot(
+            wall_s=time.monotonic() - self.started,
+            sim_s=self.cluster.now_s,
+            duration_s=self.cfg.duration_s,
+            requests=self.requests,
+            rows=self.rows,
+            prediction_errors=self.prediction_errors,
+            call_p50_ms=self.latency.percentile(50),
+            call_p99_ms=self.latency.percentile(99),
+            model_version=self.model_version,
+            versions_seen=len(self.versions),
+            quantile=self.quantile,
+            ttft=self.ttft.recent(),
+            tpot=self.tpot.recent(),
+            samples_sent=sender.sent,
+            samples_accepted=sender.accepted,
+            samples_queued=sender.queued,
+            samples_throttled=sender.throttled,
+            samples_rejected=sender.rejected,
+            done=done,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m stack.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prediction-url", required=True, help="coalescer (or prediction server) URL")
+    parser.add_argument("--training-url", help="where samples go (default: the prediction URL, a coalescer)")
+    parser.add_argument("--duration-s", type=float, default=DemoConfig.duration_s, help="simulated seconds")
+    parser.add_argument("--pods", type=int, default=DemoConfig.pods)
+    parser.add_argument("--rate-rps", type=float, default=DemoConfig.rate_rps)
+    parser.add_argument("--speed", type=float, default=DemoConfig.speed)
+    parser.add_argument("--seed", type=int, default=DemoConfig.seed)
+    parser.add_argument("--epsilon", type=float, default=DemoConfig.epsilon)
+    parser.add_argument("--window", type=int, default=DemoConfig.window)
+    parser.add_argument("--summary-json", help="also write the summary to this file")
+    args = parser.parse_args(argv)
+    configure_logging("stack.demo", "warning")
+    cfg = DemoConfig(
+        prediction_url=args.prediction_url,
+        training_url=args.training_url or args.prediction_url,
+        duration_s=args.duration_s,
+        pods=args.pods,
+        rate_rps=args.rate_rps,
+        speed=args.speed,
+        seed=args.seed,
+        epsilon=args.epsilon,
+        window=args.window,
+    )
+    try:
+        summary = run_demo(cfg)
+    except KeyboardInterrupt:
+        return 130
+    if args.summary_json:
+        with open(args.summary_json, "wb") as f:
+            f.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
