@@ -1,0 +1,73 @@
+"""``python -m prediction_server``: run the prediction server (one or several worker processes).
+
+Each process is single-threaded for compute: the thread-count variables are pinned before
+anything imports xgboost or numpy's BLAS, and scaling is by ``--workers`` and replicas.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import logging  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import uvicorn  # noqa: E402
+
+from prediction_server.config import PredictionSettings  # noqa: E402
+from shared.config import settings_from_cli, settings_to_env  # noqa: E402
+from shared.logging import configure_logging, log_event  # noqa: E402
+
+_MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = settings_from_cli(PredictionSettings, argv, prog="prediction_server")
+    configure_logging("prediction_server", settings.log_level)
+    log = logging.getLogger("prediction_server")
+    common = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": 5,
+    }
+    log_event(
+        log,
+        "starting",
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        store=settings.store,
+    )
+    if settings.workers == 1:
+        from prediction_server.app import create_app
+
+        uvicorn.run(create_app(settings), **common)  # type: ignore[arg-type]
+        return
+    # Workers are fresh interpreters: hand them the settings (and a metrics directory shared by
+    # all of them) through the environment, which they read in create_app_from_env.
+    metrics_dir = None
+    if not os.environ.get(_MULTIPROC_ENV):
+        metrics_dir = tempfile.mkdtemp(prefix="prediction-metrics-")
+        os.environ[_MULTIPROC_ENV] = metrics_dir
+    os.environ.update(settings_to_env(settings))
+    try:
+        uvicorn.run(
+            "prediction_server.app:create_app_from_env",
+            factory=True,
+            workers=settings.workers,
+            **common,  # type: ignore[arg-type]
+        )
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The prediction server's ASGI app: ``create_app(settings)``; the lifespan owns the store watcher."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from prediction_server.config import PredictionSettings
+from prediction_server.metrics import PredictionMetrics
+from prediction_server.routes import PredictionApi
+from prediction_server.store_watcher import StoreWatcher
+from shared.http import install_error_handlers
+from shared.logging import configure_logging
+from shared.metrics import new_registry
+
+
+def create_app(settings: PredictionSettings) -> FastAPI:
+    """Build the app; nothing is loaded until the lifespan starts (the first model before serving)."""
+    metrics = PredictionMetrics(new_registry())
+    watcher = StoreWatcher(settings, metrics)
+    api = PredictionApi(settings, watcher, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await watcher.start()
+        try:
+            yield
+        finally:
+            await watcher.stop()
+
+    app = FastAPI(
+        title="prediction_server",
+        summary="TTFT/TPOT predictions for LLM-serving schedulers (llm-d latency predictor API).",
+        lifespan=lifespan,
+        openapi_url=None,  # the routes are raw Starlette routes; wire-contract.md documents them
+    )
+    app.router.routes.extend(api.routes())
+    install_error_handlers(app, on_error=metrics.count_error)
+    app.state.settings = settings
+    app.state.watcher = watcher
+    app.state.metrics = metrics
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for worker processes: settings come from ``PREDICTION_SERVER_*`` (set by ``__main__``)."""
+    settings = PredictionSettings()
+    configure_logging("prediction_server", settings.log_level)
+    return create_app(settings)

@@ -1,0 +1,288 @@
+"""HTTP endpoints of wire-contract.md section 2, plus /metrics.
+
+The prediction endpoints are plain Starlette routes over the raw body: orjson in, shared
+vectorised validation into numpy columns, the shared feature function, one forest call per
+model, orjson out. No pydantic model or other Python object is built per row, except the
+response dicts, whose constant part is built once per model version and per call.
+
+Each call reads ``watcher.current`` once, so one call is answered by one version even if a
+new version is swapped in meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from prediction_server.config import PredictionSettings
+from prediction_server.metrics import PredictionMetrics
+from prediction_server.predictor import MODEL_TYPE, Predictor
+from prediction_server.store_watcher import StoreWatcher
+from shared.artifacts import MODEL_NAMES
+from shared.errors import InvalidInput, ModelsNotReady
+from shared.features import FEATURE_VERSION, build_features
+from shared.http import check_token, json_response, read_body
+from shared.metrics import metrics_response
+from shared.schemas import MAX_BULK_ROWS, Columns, loads, parse_row, parse_rows, require_list
+
+# Any row without this key is invalid, so a body holding it more often than the row limit
+# cannot be a valid request: refuse it without parsing it.
+_ROW_MARKER = b'"input_token_length"'
+# Rows of a failing /predict/bulk body re-validated inline; above this, in a worker thread so
+# that a large malformed body does not stall the other calls of this process.
+_INLINE_PARTITION_ROWS = 256
+
+
+class PredictionApi:
+    """The endpoints, bound to one app's settings, watcher and metrics."""
+
+    def __init__(
+        self, settings: PredictionSettings, watcher: StoreWatcher, metrics: PredictionMetrics
+    ) -> None:
+        self.settings = settings
+        self.watcher = watcher
+        self.metrics = metrics
+        self.max_body_bytes = settings.max_body_bytes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/predict/bulk/strict", self.predict_bulk_strict, methods=["POST"]),
+            Route("/predict/bulk", self.predict_bulk, methods=["POST"]),
+            Route("/predict", self.predict, methods=["POST"]),
+            Route("/status", self.status, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/reload", self.reload, methods=["POST"]),
+            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+        ]
+
+    # -- predictions -------------------------------------------------------------------------
+
+    async def predict_bulk_strict(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            predictor = self._predictor()
+            rows = await self._rows(request)
+            ttft, tpot = predictor.predict(build_features(parse_rows(rows)))
+            body = _bulk_body(predictor, _predictions(predictor, ttft, tpot), len(rows), None, started)
+        except Exception as exc:
+            self.metrics.observe_failure("predict_bulk_strict", exc, time.perf_counter() - started)
+            raise
+        self.metrics.observe_success("predict_bulk_strict", len(rows), time.perf_counter() - started)
+        return Response(body, media_type="application/json")
+
+    async def predict_bulk(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            predictor = self._predictor()
+            rows = await self._rows(request)
+            try:
+                good: Sequence[int] | None = None
+                columns: Columns | None = parse_rows(rows)
+                errors: list[dict[str, Any]] = []
+            except InvalidInput:
+                if len(rows) <= _INLINE_PARTITION_ROWS:
+                    good, columns, errors = partition_rows(rows)
+                else:
+                    good, columns, errors = await asyncio.to_thread(partition_rows, rows)
+            predictions: list[dict[str, Any] | None]
+            if columns is None:
+                predictions = [None] * len(rows)
+            else:
+                ttft, tpot = predictor.predict(build_features(columns))
+                predicted = _predictions(predictor, ttft, tpot)
+                if good is None:
+                    predictions = list(predicted)
+                else:
+                    predictions = [None] * len(rows)
+                    for index, prediction in zip(good, predicted, strict=True):
+                        predictions[index] = prediction
+            body = _bulk_body(predictor, predictions, len(rows), errors, started)
+        except Exception as exc:
+            self.metrics.observe_failure("predict_bulk", exc, time.perf_counter() - started)
+            raise
+        if errors:
+            self.metrics.item_errors.inc(len(errors))
+        self.metrics.observe_success("predict_bulk", len(rows) - len(errors), time.perf_counter() - started)
+        return Response(body, media_type="application/json")
+
+    async def predict(self, request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            predictor = self._predictor()
+            columns = parse_row(loads(await read_body(request, self.max_body_bytes)))
+            ttft, tpot = predictor.predict(build_features(columns))
+            body = orjson.dumps(_predictions(predictor, ttft, tpot)[0])
+        except Exception as exc:
+            self.metrics.observe_failure("predict", exc, time.perf_counter() - started)
+            raise
+        self.metrics.observe_success("predict", 1, time.perf_counter() - started)
+        return Response(body, media_type="application/json")
+
+    def _predictor(self) -> Predictor:
+        predictor = self.watcher.current
+        if predictor is None:
+            raise ModelsNotReady()
+        return predictor
+
+    async def _rows(self, request: Request) -> list[Any]:
+        raw = await read_body(request, self.max_body_bytes)
+        if raw.count(_ROW_MARKER) > MAX_BULK_ROWS:
+            raise InvalidInput(
+                [
+                    {
+                        "type": "too_long",
+                        "loc": ["body", "requests"],
+                        "msg": f"List should have at most {MAX_BULK_ROWS} items after validation",
+                        "input": None,
+                    }
+                ]
+            )
+        return require_list(loads(raw), "requests")
+
+    # -- service endpoints ---------------------------------------------------------------------
+
+    async def status(self, request: Request) -> Response:
+        predictor = self.watcher.current
+        ready = predictor is not None
+        body: dict[str, Any] = {
+            "is_ready": ready,
+            "model_type": MODEL_TYPE,
+            "objective_type": predictor.objective_type if predictor else "quantile",
+            "quantile": predictor.quantile if predictor else self.settings.quantile,
+            "last_model_load": predictor.last_model_load if predictor else None,
+            "training_server_url": self.settings.reported_training_server_url,
+            "models_exist": {name: ready for name in MODEL_NAMES},
+            "ensemble_active": False,
+            "model_version": predictor.version if predictor else None,
+            "model_kind": predictor.kind if predictor else None,
+            "model_created_at": predictor.manifest.created_at if predictor else None,
+            "training_samples": predictor.manifest.training_samples if predictor else None,
+            "feature_version": FEATURE_VERSION,
+            "evaluator": predictor.evaluator if predictor else None,
+            "store": self.settings.store or None,
+            "store_reachable": self.watcher.store_reachable,
+            "last_store_error": self.watcher.last_store_error,
+            "refused_versions": dict(self.watcher.refused),
+            "poll_interval_s": self.settings.poll_interval_s,
+            "worker_pid": os.getpid(),
+        }
+        return json_response(body)
+
+    async def healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        predictor = self.watcher.current
+        if predictor is None:
+            return json_response({"status": "not ready", "detail": "Models not ready"}, 503)
+        return json_response(
+            {"status": "ready", "model_version": predictor.version, "model_kind": predictor.kind}
+        )
+
+    async def reload(self, request: Request) -> Response:
+        check_token(request, self.settings.token)
+        changed = await self.watcher.reload()
+        predictor = self.watcher.current
+        return json_response(
+            {
+                "status": "ok",
+                "changed": changed,
+                "model_version": predictor.version if predictor else None,
+                "store_reachable": self.watcher.store_reachable,
+                "refused_versions": dict(self.watcher.refused),
+                "worker_pid": os.getpid(),
+            }
+        )
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        return metrics_response(self.metrics.registry)
+
+
+def _predictions(predictor: Predictor, ttft: np.ndarray, tpot: np.ndarray) -> list[dict[str, Any]]:
+    constants = predictor.prediction_constants
+    predicted_at = datetime.now(UTC).isoformat()
+    return [
+        {"ttft_ms": t, "tpot_ms": p, "predicted_at": predicted_at, **constants}
+        for t, p in zip(ttft.tolist(), tpot.tolist(), strict=True)
+    ]
+
+
+def _bulk_body(
+    predictor: Predictor,
+    predictions: Sequence[dict[str, Any] | None],
+    total: int,
+    errors: list[dict[str, Any]] | None,
+    started: float,
+) -> bytes:
+    failed = len(errors) if errors else 0
+    return orjson.dumps(
+        {
+            "predictions": predictions,
+            "total_requests": total,
+            "successful_predictions": total - failed,
+            "failed_predictions": failed,
+            "processing_time_ms": (time.perf_counter() - started) * 1000.0,
+            "model_version": predictor.version,
+        }
+        | ({} if errors is None else {"errors": errors})
+    )
+
+
+def partition_rows(rows: Sequence[Any]) -> tuple[list[int], Columns | None, list[dict[str, Any]]]:
+    """Split a bulk body into its valid rows (indices and columns) and one error item per invalid row.
+
+    Only called when the body as a whole failed validation. Validating the rows together
+    again after dropping the reported ones is cheap while few rows are bad; when there were too
+    many errors to report them all, each row is validated on its own.
+    """
+    pending = list(range(len(rows)))
+    problems: dict[int, list[dict[str, Any]]] = {}
+    columns: Columns | None = None
+    while pending:
+        try:
+            columns = parse_rows([rows[i] for i in pending], loc=())
+            break
+        except InvalidInput as exc:
+            if exc.total_errors > len(exc.errors):
+                for i in pending:
+                    try:
+                        parse_rows([rows[i]], loc=())
+                    except InvalidInput as row_exc:
+                        problems[i] = [_relocate(e, i) for e in row_exc.errors]
+                pending = [i for i in pending if i not in problems]
+                columns = parse_rows([rows[i] for i in pending], loc=()) if pending else None
+                break
+            for error in exc.errors:
+                index = pending[error["loc"][0]]
+                problems.setdefault(index, []).append(_relocate(error, index))
+            pending = [i for i in pending if i not in problems]
+    errors = [
+        {
+            "index": index,
+            "error": "; ".join(_describe(e) for e in problems[index]),
+            "request": rows[index],
+            "detail": problems[index],
+        }
+        for index in sorted(problems)
+    ]
+    return pending, columns, errors
+
+
+def _relocate(error: dict[str, Any], index: int) -> dict[str, Any]:
+    return {**error, "loc": ["body", "requests", index, *error["loc"][1:]]}
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = error["loc"]
+    return f"{loc[3]}: {error['msg']}" if len(loc) > 3 else str(error["msg"])
