@@ -130,7 +130,7 @@ def test_pods_missing_either_slo_are_excluded_while_some_pod_meets_both() -> Non
 def test_when_no_pod_meets_the_slo_the_least_negative_headroom_wins() -> None:
     p = preds((900, 45), (550, 55), (700, 40))  # shortfalls 0.8/2, (0.1+0.1)/2, 0.4/2
     for strategy in ("pack", "spread"):
-        decision = SloHeadroom(strategy).choose(SLO, IDLE, p)  # type: ignore[arg-type]
+        decision = SloHeadroom(strategy).choose(SLO, IDLE, p)
         assert decision.pod == 1 and "no pod meets" in decision.reason
 
 
