@@ -191,7 +191,8 @@ class Predictor:
 
     def self_test(self) -> None:
         """Refuse a version whose answers on the probe matrix are not finite, non-negative latencies."""
-        ttft, tpot = self.predict(probe_matrix())
+        with np.errstate(all="ignore"):  # overflow is what we are checking for
+            ttft, tpot = self.predict(probe_matrix())
         for name, values in (("ttft", ttft), ("tpot", tpot)):
             if values.shape != (PROBE_ROWS,) or not np.isfinite(values).all() or (values < 0).any():
                 raise SelfTestFailed(
@@ -217,8 +218,12 @@ def _checked_forest(booster: Any, what: str) -> Forest:
     return forest
 
 
+@cache
 def builtin_prior_model_set(quantile: float) -> ModelSet:
-    """The analytic prior of ``shared.prior``, fitted in-process, as a verified model set."""
+    """The analytic prior of ``shared.prior``, fitted in-process, as a verified model set.
+
+    Deterministic, so it is fitted once per process and quantile.
+    """
     xgb = import_xgboost()  # first, so that build_prior_models' own import finds it loaded
     models, transforms = build_prior_models(quantile)
     manifest = Manifest(
