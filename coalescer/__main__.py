@@ -1,0 +1,29 @@
+"""``python -m coalescer``: run the coalescer (one process; uvicorn with uvloop and httptools)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from coalescer.app import create_app
+from coalescer.config import CoalescerSettings
+from shared.config import settings_from_cli
+from shared.logging import configure_logging
+
+
+def main() -> None:
+    settings = settings_from_cli(CoalescerSettings, prog="coalescer")
+    configure_logging("coalescer", settings.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=max(5, round(settings.relay_drain_s) + 2),
+    )
+
+
+if __name__ == "__main__":
+    main()
