@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -23,7 +24,7 @@ from tests.prediction_support import (
 )
 
 
-def _watcher(store: str, **settings: object) -> StoreWatcher:
+def _watcher(store: str, **settings: Any) -> StoreWatcher:
     return StoreWatcher(PredictionSettings(store=store, **settings), PredictionMetrics(new_registry()))
 
 
