@@ -1,0 +1,91 @@
+"""Real ``python -m training_server`` processes on loopback: a restart is not a cold start."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from tests.procs import RunningService, start_service
+from training_server import synthetic
+
+pytestmark = pytest.mark.e2e
+
+FAST = ["--n-estimators", "20", "--min-train-samples", "200", "--trainer-nice", "0"]
+
+
+def _start(data_dir: Path, log_dir: Path, *extra: str) -> RunningService:
+    return start_service("training_server", ["--data-dir", str(data_dir), *FAST, *extra], log_dir=log_dir)
+
+
+def _post(service: RunningService, n: int, seed: int) -> None:
+    entries = synthetic.to_entries(synthetic.samples(n, np.random.default_rng(seed)))
+    response = httpx.post(
+        service.url + "/add_training_data_bulk", content=orjson.dumps({"entries": entries}), timeout=10
+    )
+    assert response.status_code == 202, response.text
+    assert response.json() == {"message": f"Accepted {n} training samples."}
+
+
+def _status(service: RunningService) -> dict[str, Any]:
+    status: dict[str, Any] = httpx.get(service.url + "/status", timeout=10).json()
+    return status
+
+
+def _wait(predicate: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_restarts_restore_the_window_and_keep_the_model(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    window_file = data_dir / "window.npz"
+    no_auto = ["--min-new-samples", "1000000"]
+    first = _start(data_dir, tmp_path, *no_auto)
+    try:
+        assert "prior" in httpx.get(first.url + "/readyz").json()["model_version"]
+        for seed in range(5):
+            _post(first, 1000, seed)
+        _wait(lambda: _status(first)["window"]["samples"] == 5000)
+        trained = httpx.post(first.url + "/retrain", params={"wait": "true"}, timeout=60).json()
+        assert trained["outcome"] == "published"
+        before = _status(first)
+    finally:
+        # uvicorn re-raises SIGTERM after its graceful shutdown, hence -SIGTERM rather than 0.
+        assert first.stop() in (0, -signal.SIGTERM), first.logs()[-3000:]
+    assert '"window_samples_saved":5000' in first.logs()  # saved on shutdown
+
+    # Graceful restart: the same window and model, and no cold start.
+    second = _start(data_dir, tmp_path, *no_auto, "--persist-interval-s", "0.3")
+    try:
+        after = _status(second)
+        assert after["window"]["samples"] == 5000
+        assert after["window"]["strata"] == before["window"]["strata"]
+        assert after["current_version"] == trained["version"] and after["is_prior"] is False
+        listing = httpx.get(second.url + "/models").json()
+        assert listing["current"] == trained["version"]
+        assert not any("prior" in v for v in listing["versions"][1:]), "no prior republished"
+        assert "prior_published" not in second.logs().split("training_server_started")[-1]
+        # Then a crash: what the periodic save wrote survives SIGKILL (no shutdown hook runs).
+        saved_at = window_file.stat().st_mtime_ns
+        _post(second, 1000, 9)
+        _wait(lambda: window_file.stat().st_mtime_ns != saved_at)
+        time.sleep(0.4)
+    finally:
+        second.kill()
+
+    third = _start(data_dir, tmp_path, *no_auto)
+    try:
+        status = _status(third)
+        assert status["window"]["samples"] == 6000
+        assert status["current_version"] == trained["version"]
+    finally:
+        third.stop()

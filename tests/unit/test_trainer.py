@@ -1,0 +1,188 @@
+"""The trainer: calibration, the publish guard, zero targets, thinning, and the mean objective."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import xgboost as xgb
+
+from shared.artifacts import ModelSet, ModelStore, to_latency_ms
+from shared.features import build_features
+from shared.prior import publish_prior
+from training_server import synthetic
+from training_server.config import TrainingSettings
+from training_server.evaluation import conformal_offset, evaluate, pinball_loss
+from training_server.trainer import Trainer, TrainingCancelled, thin
+from training_server.window import StratifiedWindow, WindowSnapshot
+
+QUANTILE = 0.9
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> TrainingSettings:
+    base: dict[str, Any] = {
+        "data_dir": tmp_path,
+        "n_estimators": 80,
+        "max_depth": 6,
+        "learning_rate": 0.15,
+        "stratum_cap": 1_000_000,
+        "min_train_samples": 200,
+    }
+    return TrainingSettings(**{**base, **overrides})
+
+
+def _window(n: int, seed: int, **kw: int) -> StratifiedWindow:
+    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=3600)
+    columns = synthetic.samples(n, np.random.default_rng(seed), **kw)
+    window.insert(columns, time.time() - 100 + np.linspace(0, 99, n))
+    return window
+
+
+def _predict(model_set: ModelSet, name: str, columns: dict[str, np.ndarray]) -> np.ndarray:
+    booster = xgb.Booster(params={"nthread": 1})
+    booster.load_model(bytearray(model_set.files[name]))
+    margin = booster.inplace_predict(build_features(columns), predict_type="margin")
+    return to_latency_ms(margin, model_set.manifest.models[name])
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelStore, Any]:
+    """One published model trained on 30k synthetic samples (shared by several tests)."""
+    tmp = tmp_path_factory.mktemp("calibrated")
+    settings = _settings(tmp)
+    store = ModelStore(settings.store_dir)
+    publish_prior(store, QUANTILE)
+    outcome = Trainer(store, settings).run(_window(30_000, seed=1).snapshot(), time.time())
+    return store, outcome
+
+
+def test_retrain_publishes_a_version_whose_files_verify(calibrated: tuple[ModelStore, Any]) -> None:
+    store, outcome = calibrated
+    assert outcome.outcome == "published"
+    assert store.current_version() == outcome.version and "trained" in outcome.version
+    model_set = store.load()  # verifies sizes, SHA-256 and the feature schema
+    manifest = model_set.manifest
+    assert manifest.kind == "trained" and manifest.quantile == QUANTILE
+    for name in ("ttft", "tpot"):
+        entry = manifest.metrics[name]
+        assert entry["source"] == "trained"
+        assert set(entry["overall"]) >= {"coverage", "pinball_loss_ms", "mape", "samples"}
+        assert entry["per_stratum"], "per-stratum metrics are reported"
+        assert manifest.training_samples[name] == entry["samples"]["train"] > 20_000
+        # The candidate beat the prior on the same held-out samples.
+        assert entry["overall"]["loss"] < entry["current_on_same_holdout"]["loss"]
+
+
+def test_calibrated_coverage_holds_on_fresh_data(calibrated: tuple[ModelStore, Any]) -> None:
+    store, _ = calibrated
+    model_set = store.load()
+    fresh = synthetic.samples(40_000, np.random.default_rng(99))
+    ttft_q, tpot_q = synthetic.true_quantiles(fresh, QUANTILE)
+    for name, actual, truth in (
+        ("ttft", fresh["actual_ttft_ms"], ttft_q),
+        ("tpot", fresh["actual_tpot_ms"], tpot_q),
+    ):
+        predicted = _predict(model_set, name, fresh)
+        coverage = float(np.mean(actual <= predicted))
+        assert abs(coverage - QUANTILE) <= 0.02, (name, coverage)
+        # ... and the predictions track the true per-sample quantile, not just the marginal.
+        assert float(np.median(np.abs(predicted / truth - 1))) < 0.12, name
+
+
+def test_publish_guard_refuses_a_worse_candidate(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    publish_prior(store, QUANTILE)
+    snapshot = _window(8000, seed=2).snapshot()
+    crippled = Trainer(store, _settings(tmp_path, n_estimators=2, max_depth=1))
+    good = Trainer(store, _settings(tmp_path))
+
+    first = crippled.run(snapshot, time.time())
+    assert first.outcome == "published", "a trained model always replaces the prior"
+    second = good.run(snapshot, time.time())
+    assert second.outcome == "published", "a better candidate replaces a worse model"
+    assert all(m["accepted"] for m in second.models.values())
+
+    third = crippled.run(snapshot, time.time())
+    assert third.outcome == "rejected"
+    assert not any(m["accepted"] for m in third.models.values())
+    for summary in third.models.values():
+        assert summary["candidate"]["loss"] > summary["current"]["loss"]
+    assert store.current_version() == second.version
+    assert store.versions()[-1] == second.version, "nothing new was written"
+
+
+def test_zero_targets_are_skipped_and_the_other_model_is_kept(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    prior_version = publish_prior(store, QUANTILE)
+    window = StratifiedWindow(stratum_cap=100_000, max_age_s=3600)
+    columns = synthetic.samples(3000, np.random.default_rng(3))
+    columns["actual_tpot_ms"] = np.zeros(3000)  # samples carrying no TPOT
+    window.insert(columns, np.full(3000, time.time()))
+    outcome = Trainer(store, _settings(tmp_path)).run(window.snapshot(), time.time())
+    assert outcome.outcome == "published"
+    manifest = store.load().manifest
+    assert manifest.metrics["ttft"]["source"] == "trained"
+    assert manifest.metrics["tpot"]["source"] == "prior"
+    assert manifest.metrics["tpot"]["from_version"] == prior_version
+    assert manifest.training_samples["tpot"] == 0
+    assert store.load().files["tpot"] == store.load(prior_version).files["tpot"]
+
+
+def test_too_few_samples_is_a_skip_not_a_publish(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    prior_version = publish_prior(store, QUANTILE)
+    outcome = Trainer(store, _settings(tmp_path)).run(_window(100, seed=4).snapshot(), time.time())
+    assert outcome.outcome == "skipped"
+    assert store.current_version() == prior_version
+
+
+def test_a_stop_request_cancels_training(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    trainer = Trainer(store, _settings(tmp_path))
+    trainer.stop.set()
+    with pytest.raises(TrainingCancelled):
+        trainer.run(_window(2000, seed=5).snapshot(), time.time())
+    assert store.current_version() is None
+
+
+def test_mean_objective_matches_the_mean(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "models")
+    outcome = Trainer(store, _settings(tmp_path, objective="mean")).run(
+        _window(20_000, seed=6).snapshot(), time.time()
+    )
+    assert outcome.outcome == "published"
+    model_set = store.load()
+    assert model_set.manifest.objective == "mean"
+    fresh = synthetic.samples(20_000, np.random.default_rng(7))
+    for name in ("ttft", "tpot"):
+        predicted = _predict(model_set, name, fresh)
+        actual = fresh[f"actual_{name}_ms"]
+        assert abs(predicted.mean() / actual.mean() - 1) < 0.05, name
+
+
+def test_thinning_keeps_small_strata_whole_and_the_newest_of_big_ones() -> None:
+    strata = np.repeat(np.array([3, 7, 11]), [1000, 10, 500])
+    data = np.zeros((1510, 15))
+    data[:, 0] = np.arange(1510)  # row identity, oldest first within each stratum
+    thinned = thin(WindowSnapshot(data, strata), 600)
+    counts = dict(zip(*np.unique(thinned.strata, return_counts=True), strict=True))
+    assert counts == {3: 295, 7: 10, 11: 295}
+    assert thinned.data[thinned.strata == 3, 0].tolist() == list(range(705, 1000))
+    assert thin(WindowSnapshot(data, strata), 5000) is not None
+
+
+def test_conformal_offset_and_metrics() -> None:
+    rng = np.random.default_rng(8)
+    residuals = rng.normal(size=2000)
+    offset = conformal_offset(residuals, 0.9)
+    assert 0.9 <= np.mean(residuals <= offset) <= 0.9 + 2 / 2000
+    actual = np.array([10.0, 20.0, 30.0, 40.0])
+    predicted = np.array([20.0, 20.0, 20.0, 20.0])
+    assert pinball_loss(actual, predicted, 0.9).tolist() == pytest.approx([1.0, 0.0, 9.0, 18.0])
+    metrics = evaluate(actual, predicted, np.zeros(4, dtype=np.int64), "quantile", 0.9)
+    assert metrics["overall"]["coverage"] == 0.5
+    assert metrics["overall"]["mape"] == pytest.approx((1 + 0 + 1 / 3 + 0.5) / 4)
+    assert metrics["per_stratum"] == {}  # 4 samples: too few to report per stratum
