@@ -5,22 +5,19 @@ A ``Predictor`` is built once per model version (off the event loop) from a veri
 assignment and a request never sees a half-loaded model. Before a version is accepted
 it must answer a fixed probe matrix with finite, non-negative latencies.
 
-Tree evaluation sits behind ``Forest`` so the evaluator can change without touching callers:
-``compile_forest`` is the single place that chooses it.
+How the trees are evaluated is ``prediction_server.evaluators``' business.
 """
 
 from __future__ import annotations
 
-import logging
-import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
+from prediction_server.evaluators import Forest, compile_forest, import_xgboost, load_booster
 from shared.artifacts import (
     MODEL_NAMES,
     Manifest,
@@ -32,11 +29,8 @@ from shared.artifacts import (
     verify_model_set,
 )
 from shared.errors import ArtifactError
-from shared.features import NUM_FEATURES, build_features
-from shared.logging import log_event
+from shared.features import build_features
 from shared.prior import build_prior_models, synthetic_columns
-
-log = logging.getLogger(__name__)
 
 BUILTIN_PRIOR_VERSION = "builtin-prior"
 MODEL_TYPE = "xgboost"
@@ -46,66 +40,6 @@ PROBE_ROWS = 256
 
 class SelfTestFailed(ArtifactError):
     """A version loaded but answered the probe matrix with unusable latencies."""
-
-
-class Forest(Protocol):
-    """Anything that turns a float32 ``(n, NUM_FEATURES)`` matrix into float32 XGBoost margins."""
-
-    def predict_margin(self, features: np.ndarray) -> np.ndarray: ...
-
-
-@cache
-def import_xgboost() -> ModuleType:
-    """Import xgboost for serving, without its optional scikit-learn integration.
-
-    When scikit-learn is installed, ``import xgboost`` imports it eagerly to define the sklearn
-    estimator classes, and scikit-learn drags pandas and most of scipy into the process: about a
-    second of start-up and ~100 MB per worker, none of it used to serve predictions. A ``None``
-    entry in ``sys.modules`` makes that optional import fail the way a missing package does, and
-    xgboost falls back to its dummy base classes. The entry is removed right after, so a later
-    explicit ``import sklearn`` still works.
-    """
-    if "xgboost" in sys.modules or "sklearn" in sys.modules:
-        import xgboost
-
-        return xgboost
-    sys.modules["sklearn"] = None  # type: ignore[assignment]
-    try:
-        import xgboost
-    finally:
-        if sys.modules.get("sklearn", 0) is None:
-            del sys.modules["sklearn"]
-    return xgboost
-
-
-class BoosterForest:
-    """XGBoost's own single-threaded in-place prediction."""
-
-    name = "xgboost"
-
-    def __init__(self, booster: Any) -> None:
-        self._booster = booster
-
-    def predict_margin(self, features: np.ndarray) -> np.ndarray:
-        return np.asarray(self._booster.inplace_predict(features, predict_type="margin"), dtype=np.float32)
-
-
-def load_booster(raw: bytes, what: str) -> Any:
-    """Load a native XGBoost model (UBJSON or JSON bytes), pinned to one thread."""
-    xgb = import_xgboost()
-    try:
-        booster = xgb.Booster(model_file=bytearray(raw))
-    except xgb.core.XGBoostError as exc:
-        raise ArtifactError(f"{what}: not a loadable XGBoost model: {str(exc).splitlines()[0]}") from exc
-    booster.set_param({"nthread": 1})
-    if booster.num_features() != NUM_FEATURES:
-        raise ArtifactError(f"{what}: model expects {booster.num_features()} features, not {NUM_FEATURES}")
-    return booster
-
-
-def compile_forest(booster: Any) -> Forest:
-    """The evaluator used to serve ``booster``'s trees (the one place that chooses it)."""
-    return BoosterForest(booster)
 
 
 @cache
@@ -173,9 +107,9 @@ class Predictor:
         evaluators = set()
         for name in MODEL_NAMES:
             booster = load_booster(model_set.files[name], f"version {manifest.version} model {name}")
-            forest = _checked_forest(booster, f"{manifest.version}/{name}")
+            forest = compile_forest(booster, probe_matrix(), f"{manifest.version}/{name}")
             forests[name] = forest
-            evaluators.add(getattr(forest, "name", type(forest).__name__))
+            evaluators.add(forest.name)
         loaded_at = datetime.now(UTC)
         constants = {
             "model_type": MODEL_TYPE,
@@ -199,23 +133,6 @@ class Predictor:
                     f"version {self.version}: self-test failed, {name} predictions are not finite "
                     "non-negative milliseconds"
                 )
-
-
-def _checked_forest(booster: Any, what: str) -> Forest:
-    """``compile_forest(booster)``, unless it disagrees with XGBoost on the probe matrix."""
-    forest = compile_forest(booster)
-    if isinstance(forest, BoosterForest):
-        return forest
-    probe = probe_matrix()
-    expected = BoosterForest(booster).predict_margin(probe)
-    got = forest.predict_margin(probe)
-    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-5):
-        worst = (
-            float(np.max(np.abs(got.astype(np.float64) - expected))) if got.shape == expected.shape else None
-        )
-        log_event(log, "compiled_forest_mismatch", logging.WARNING, model=what, max_abs_diff=worst)
-        return BoosterForest(booster)
-    return forest
 
 
 @cache

@@ -122,7 +122,7 @@ def test_probe_matrix_is_fixed_and_covers_edge_rows() -> None:
 def test_serving_imports_xgboost_without_pandas() -> None:
     code = (
         "import sys\n"
-        "from prediction_server.predictor import import_xgboost\n"
+        "from prediction_server.evaluators import import_xgboost\n"
         "xgb = import_xgboost()\n"
         "print(xgb.__version__, 'pandas' in sys.modules, 'sklearn' in sys.modules)\n"
         "import sklearn\n"  # the optional import is only skipped, not broken for later users

@@ -1,0 +1,157 @@
+"""How the trees of a model are evaluated on the hot path, one thread per process.
+
+``compile_forest(booster)`` is the one place that chooses the evaluator of a loaded model.
+Every evaluator returns XGBoost's own float32 margins. A compiled evaluator is trusted only
+after it reproduced ``Booster.inplace_predict`` on the probe matrix; otherwise XGBoost serves.
+
+XGBoost's predict has a fixed cost per call (~200 µs) that dwarfs the tree walk of the 5-100
+rows of a scheduler's call, while a vectorised numpy walk costs little per call but more per
+row. ``AdaptiveForest`` therefore sends small batches to the compiled form and large ones to
+XGBoost, at a crossover measured for each model when it is loaded (it depends on the number
+and depth of the trees). Both give the same margins, so the choice only affects speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from functools import cache
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from shared.errors import ArtifactError
+from shared.features import NUM_FEATURES
+from shared.logging import log_event
+
+log = logging.getLogger(__name__)
+
+# Bounds of the measured crossover (rows): below the lower one the compiled walk always wins,
+# and the upper one is the bulk row limit.
+MIN_CROSSOVER_ROWS = 16
+MAX_CROSSOVER_ROWS = 10_000
+_CALIBRATION_ROWS = (16, 512)
+_CALIBRATION_REPEATS = 5
+
+
+class Forest(Protocol):
+    """Anything that turns a float32 ``(n, NUM_FEATURES)`` matrix into float32 XGBoost margins."""
+
+    name: str
+
+    def predict_margin(self, features: np.ndarray) -> np.ndarray: ...
+
+
+@cache
+def import_xgboost() -> ModuleType:
+    """Import xgboost for serving, without its optional scikit-learn integration.
+
+    When scikit-learn is installed, ``import xgboost`` imports it eagerly to define the sklearn
+    estimator classes, and scikit-learn drags pandas and most of scipy into the process: about a
+    second of start-up and ~100 MB per worker, none of it used to serve predictions. A ``None``
+    entry in ``sys.modules`` makes that optional import fail the way a missing package does, and
+    xgboost falls back to its dummy base classes. The entry is removed right after, so a later
+    explicit ``import sklearn`` still works.
+    """
+    if "xgboost" in sys.modules or "sklearn" in sys.modules:
+        import xgboost
+
+        return xgboost
+    sys.modules["sklearn"] = None  # type: ignore[assignment]
+    try:
+        import xgboost
+    finally:
+        if sys.modules.get("sklearn", 0) is None:
+            del sys.modules["sklearn"]
+    return xgboost
+
+
+def load_booster(raw: bytes, what: str) -> Any:
+    """Load a native XGBoost model (UBJSON or JSON bytes), pinned to one thread."""
+    xgb = import_xgboost()
+    try:
+        booster = xgb.Booster(model_file=bytearray(raw))
+    except xgb.core.XGBoostError as exc:
+        raise ArtifactError(f"{what}: not a loadable XGBoost model: {str(exc).splitlines()[0]}") from exc
+    booster.set_param({"nthread": 1})
+    if booster.num_features() != NUM_FEATURES:
+        raise ArtifactError(f"{what}: model expects {booster.num_features()} features, not {NUM_FEATURES}")
+    return booster
+
+
+class BoosterForest:
+    """XGBoost's own single-threaded in-place prediction."""
+
+    name = "xgboost"
+
+    def __init__(self, booster: Any) -> None:
+        self._booster = booster
+
+    def predict_margin(self, features: np.ndarray) -> np.ndarray:
+        return np.asarray(self._booster.inplace_predict(features, predict_type="margin"), dtype=np.float32)
+
+
+class AdaptiveForest:
+    """A compiled evaluator for batches up to ``max_compiled_rows`` rows, XGBoost above."""
+
+    def __init__(self, compiled: Forest, booster: Forest, max_compiled_rows: int) -> None:
+        self._compiled = compiled
+        self._booster = booster
+        self.max_compiled_rows = max_compiled_rows
+        self.name = f"{compiled.name}<={max_compiled_rows}<{booster.name}"
+
+    def predict_margin(self, features: np.ndarray) -> np.ndarray:
+        if len(features) <= self.max_compiled_rows:
+            return self._compiled.predict_margin(features)
+        return self._booster.predict_margin(features)
+
+
+def compile_forest(booster: Any, probe: np.ndarray, what: str) -> Forest:
+    """The evaluator used to serve ``booster``'s trees (the one place that chooses it).
+
+    ``probe`` is a feature matrix on which a compiled form must reproduce XGBoost exactly.
+    """
+    return BoosterForest(booster)
+
+
+def adaptive_forest(compiled: Forest, booster: Any, probe: np.ndarray, what: str) -> Forest:
+    """``compiled`` for small batches if it reproduces XGBoost on ``probe``; else XGBoost alone."""
+    reference = BoosterForest(booster)
+    expected = reference.predict_margin(probe)
+    got = compiled.predict_margin(probe)
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-6, atol=1e-6):
+        worst = float(np.max(np.abs(got - expected))) if got.shape == expected.shape else None
+        log_event(log, "compiled_forest_mismatch", logging.WARNING, model=what, max_abs_diff=worst)
+        return reference
+    return AdaptiveForest(compiled, reference, crossover_rows(compiled, reference, probe))
+
+
+def crossover_rows(compiled: Forest, booster: Forest, probe: np.ndarray) -> int:
+    """The batch size up to which ``compiled`` is faster, from timings at two sizes (linear fit)."""
+    small, large = _CALIBRATION_ROWS
+    matrices = (_rows(probe, small), _rows(probe, large))
+    costs = [[_best_time_s(forest, m) for m in matrices] for forest in (compiled, booster)]
+    (c_small, c_large), (b_small, b_large) = costs
+    c_per_row = (c_large - c_small) / (large - small)
+    b_per_row = (b_large - b_small) / (large - small)
+    if c_per_row <= b_per_row:  # compiled never loses
+        return MAX_CROSSOVER_ROWS
+    c_fixed, b_fixed = c_small - c_per_row * small, b_small - b_per_row * small
+    rows = (b_fixed - c_fixed) / (c_per_row - b_per_row)
+    return int(min(MAX_CROSSOVER_ROWS, max(MIN_CROSSOVER_ROWS, rows)))
+
+
+def _rows(probe: np.ndarray, n: int) -> np.ndarray:
+    return np.ascontiguousarray(np.resize(probe, (n, probe.shape[1])))
+
+
+def _best_time_s(forest: Forest, matrix: np.ndarray) -> float:
+    # The minimum of a few repeats: noise (other threads, other processes) only adds time.
+    best = float("inf")
+    for _ in range(_CALIBRATION_REPEATS):
+        started = time.perf_counter()
+        forest.predict_margin(matrix)
+        best = min(best, time.perf_counter() - started)
+    return best
