@@ -20,84 +20,103 @@ class TrainingSettings(BaseSettings):
 
     model_config = settings_config("TRAINING_SERVER_")
 
-    host: str = Field("127.0.0.1", description="Interface to listen on (loopback by default).")
-    port: int = Field(8000, ge=0, le=65535, description="TCP port to listen on.")
+    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     data_dir: Path = Field(
-        Path("./var/training"), description="Directory for the persisted window (and the store by default)."
+        default=Path("./var/training"),
+        description="Directory for the persisted window (and the store by default).",
     )
-    store: Path | None = Field(None, description="Model store directory; default <data-dir>/models.")
+    store: Path | None = Field(default=None, description="Model store directory; default <data-dir>/models.")
     quantile: float = Field(
-        0.9, gt=0.0, lt=1.0, description="Quantile the models predict (objective=quantile)."
+        default=0.9, gt=0.0, lt=1.0, description="Quantile the models predict (objective=quantile)."
     )
     objective: Literal["quantile", "mean"] = Field(
-        "quantile", description="'quantile' (pinball loss at --quantile) or 'mean' (squared error)."
+        default="quantile", description="'quantile' (pinball loss at --quantile) or 'mean' (squared error)."
     )
     auth_token: SecretStr | None = Field(
-        None, description="If set, /flush and /retrain require 'Authorization: Bearer <token>'."
+        default=None, description="If set, /flush and /retrain require 'Authorization: Bearer <token>'."
     )
     token_protects_ingest: bool = Field(
-        False, description="Also require the token on /add_training_data_bulk (needs a token-aware sender)."
+        default=False,
+        description="Also require the token on /add_training_data_bulk (needs a token-aware sender).",
     )
     max_body_bytes: int = Field(
-        8 * 1024 * 1024, ge=1024, description="Largest accepted request body in bytes (larger: 413)."
+        default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body in bytes (larger: 413)."
     )
     max_entries_per_request: int = Field(
-        MAX_BULK_ROWS, ge=1, le=100_000, description="Most entries accepted in one bulk request (more: 422)."
+        default=MAX_BULK_ROWS,
+        ge=1,
+        le=100_000,
+        description="Most entries accepted in one bulk request (more: 422).",
     )
     max_pending_samples: int = Field(
-        50_000,
+        default=50_000,
         ge=1,
         description="Intake bound: accepted samples not yet in the window; beyond it ingestion answers 429.",
     )
     max_concurrent_ingest_requests: int = Field(
-        32, ge=1, description="Ingest requests being read/parsed at once; beyond it ingestion answers 429."
+        default=32,
+        ge=1,
+        description="Ingest requests being read/parsed at once; beyond it ingestion answers 429.",
     )
-    stratum_cap: int = Field(2000, ge=1, description="Newest samples kept per window stratum.")
+    stratum_cap: int = Field(default=2000, ge=1, description="Newest samples kept per window stratum.")
     max_age_s: float = Field(
-        6 * 3600.0, gt=0, description="Samples older than this (by their timestamp) leave the window."
+        default=6 * 3600.0, gt=0, description="Samples older than this (by their timestamp) leave the window."
     )
     max_train_samples: int = Field(
-        50_000,
+        default=50_000,
         ge=100,
         description="Most samples one retrain uses; larger windows are thinned evenly across strata.",
     )
     retrain_interval_s: float = Field(
-        60.0, gt=0, description="Retrain at least this often while new samples keep arriving."
+        default=60.0, gt=0, description="Retrain at least this often while new samples keep arriving."
     )
     min_new_samples: int = Field(
-        5000, ge=1, description="Retrain as soon as this many new samples arrived since the last retrain."
+        default=5000,
+        ge=1,
+        description="Retrain as soon as this many new samples arrived since the last retrain.",
     )
     retrain_min_gap_s: float = Field(
-        5.0, ge=0, description="Least time between the start of two automatic retrains."
+        default=5.0, ge=0, description="Least time between the start of two automatic retrains."
     )
     min_train_samples: int = Field(
-        500, ge=20, description="Fewest samples with a non-zero target needed to train that model."
+        default=500, ge=20, description="Fewest samples with a non-zero target needed to train that model."
     )
     holdout_fraction: float = Field(
-        0.15, gt=0, lt=0.5, description="Newest share of samples held out to evaluate candidates."
+        default=0.15, gt=0, lt=0.5, description="Newest share of samples held out to evaluate candidates."
     )
     calibration_fraction: float = Field(
-        0.15, gt=0, lt=0.5, description="Next-newest share used to calibrate the quantile (conformal offset)."
+        default=0.15,
+        gt=0,
+        lt=0.5,
+        description="Next-newest share used to calibrate the quantile (conformal offset).",
     )
     publish_tolerance: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         description="Publish a candidate if its held-out loss <= current loss * (1 + this).",
     )
-    n_estimators: int = Field(150, ge=1, le=5000, description="Boosting rounds per model.")
-    max_depth: int = Field(6, ge=1, le=16, description="Maximum tree depth.")
-    learning_rate: float = Field(0.1, gt=0, le=1, description="Boosting learning rate (eta).")
-    max_bin: int = Field(64, ge=8, le=1024, description="Histogram bins per feature.")
+    n_estimators: int = Field(default=150, ge=1, le=5000, description="Boosting rounds per model.")
+    max_depth: int = Field(default=6, ge=1, le=16, description="Maximum tree depth.")
+    learning_rate: float = Field(default=0.1, gt=0, le=1, description="Boosting learning rate (eta).")
+    max_bin: int = Field(default=64, ge=8, le=1024, description="Histogram bins per feature.")
     recency_half_life_s: float = Field(
-        0.0, ge=0, description="If > 0, weight training samples by 0.5 ** (age / half-life)."
+        default=0.0, ge=0, description="If > 0, weight training samples by 0.5 ** (age / half-life)."
     )
-    training_threads: int = Field(1, ge=1, le=64, description="XGBoost threads used by a retrain.")
+    training_threads: int = Field(default=1, ge=1, le=64, description="XGBoost threads used by a retrain.")
     trainer_nice: int = Field(
-        10, ge=0, le=19, description="Niceness added to the trainer thread so ingestion keeps priority."
+        default=10,
+        ge=0,
+        le=19,
+        description="Niceness added to the trainer thread so ingestion keeps priority.",
     )
-    keep_versions: int = Field(5, ge=1, description="Model versions kept in the store (for rollback).")
-    persist_interval_s: float = Field(30.0, gt=0, description="How often the window is saved to disk.")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    keep_versions: int = Field(
+        default=5, ge=1, description="Model versions kept in the store (for rollback)."
+    )
+    persist_interval_s: float = Field(
+        default=30.0, gt=0, description="How often the window is saved to disk."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingSettings:
