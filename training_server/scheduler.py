@@ -167,7 +167,9 @@ class RetrainScheduler:
         aged = self.window.age_out(now_s)
         if aged:
             self.metrics.samples_evicted.labels("age").inc(aged)
-        return self.trainer.run(self.window.snapshot(), now_s)
+        window_samples = self.window.size
+        snapshot = self.window.snapshot(self.settings.max_train_samples)
+        return self.trainer.run(snapshot, now_s, window_samples)
 
     def _record(self, outcome: TrainingOutcome) -> None:
         self._runs += 1

@@ -29,7 +29,7 @@ from shared.logging import log_event
 from shared.prior import build_prior_models
 from training_server import evaluation
 from training_server.config import TrainingSettings
-from training_server.window import WindowSnapshot
+from training_server.window import WindowSnapshot, fair_quota
 
 log = logging.getLogger(__name__)
 
@@ -108,14 +108,20 @@ class Trainer:
             params["objective"] = "reg:squarederror"
         return params
 
-    def run(self, snapshot: WindowSnapshot, now_s: float) -> TrainingOutcome:
-        """Train on ``snapshot`` and publish if the guard allows; blocking."""
+    def run(
+        self, snapshot: WindowSnapshot, now_s: float, window_samples: int | None = None
+    ) -> TrainingOutcome:
+        """Train on ``snapshot`` and publish if the guard allows; blocking.
+
+        ``window_samples`` is the window's size when ``snapshot`` is already a thinned copy.
+        """
         started = time.perf_counter()
         snap = thin(snapshot, self.settings.max_train_samples)
         features = build_features(snap.columns()) if len(snap) else np.empty((0, 0), np.float32)
         current = self._load_current()
         candidates = {name: self._fit(name, snap, features, current, now_s) for name in MODEL_NAMES}
-        outcome = self._decide_and_publish(candidates, current, len(snapshot), len(snap))
+        window = len(snapshot) if window_samples is None else window_samples
+        outcome = self._decide_and_publish(candidates, current, window, len(snap))
         outcome.duration_s = time.perf_counter() - started
         return outcome
 
@@ -281,14 +287,8 @@ def thin(snapshot: WindowSnapshot, max_samples: int) -> WindowSnapshot:
     if len(snapshot) <= max_samples:
         return snapshot
     _, starts, counts = np.unique(snapshot.strata, return_index=True, return_counts=True)
-    lo, hi = 0, int(counts.max())
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if int(np.minimum(counts, mid).sum()) <= max_samples:
-            lo = mid
-        else:
-            hi = mid - 1
-    keep_from = np.repeat(starts + counts - np.minimum(counts, lo), counts)
+    quota = fair_quota(counts, max_samples)
+    keep_from = np.repeat(starts + counts - np.minimum(counts, quota), counts)
     return snapshot.take(np.flatnonzero(np.arange(len(snapshot)) >= keep_from))
 
 

@@ -90,6 +90,19 @@ class WindowSnapshot:
         return WindowSnapshot(self.data[rows], self.strata[rows])
 
 
+def fair_quota(counts: np.ndarray, max_total: int) -> int:
+    """Largest per-stratum quota q with ``sum(min(counts, q)) <= max_total`` (water-filling):
+    strata smaller than q are kept whole, larger ones are cut to their newest q samples."""
+    lo, hi = 0, int(counts.max()) if len(counts) else 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if int(np.minimum(counts, mid).sum()) <= max_total:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class _Ring:
     """Newest ``cap`` rows of one stratum; grows by doubling up to ``cap``."""
 
@@ -207,18 +220,27 @@ class StratifiedWindow:
                 self.mutations += 1
         return dropped
 
-    def snapshot(self) -> WindowSnapshot:
-        """A consistent copy of every sample, grouped by stratum (ascending), oldest first."""
+    def snapshot(self, max_samples: int | None = None) -> WindowSnapshot:
+        """A consistent copy of the samples, grouped by stratum (ascending), oldest first.
+
+        With ``max_samples``, each stratum contributes only its newest ``quota`` samples, one
+        quota for all strata (see ``fair_quota``), so the lock is held for a bounded copy.
+        """
         with self.lock:
             strata = sorted(self._rings)
-            parts = [self._rings[s].ordered() for s in strata]
+            quota = None
+            if max_samples is not None and self._size > max_samples:
+                quota = fair_quota(np.array([self._rings[s].size for s in strata]), max_samples)
+            parts = [self._rings[s].ordered()[-quota:] if quota else self._rings[s].ordered() for s in strata]
             sizes = [len(p) for p in parts]
             data = np.concatenate(parts) if parts else np.empty((0, len(COLUMN_NAMES)))
         return WindowSnapshot(data, np.repeat(np.array(strata, dtype=np.int64), sizes))
 
     def strata_sizes(self) -> dict[int, int]:
-        with self.lock:
-            return {s: ring.size for s, ring in sorted(self._rings.items())}
+        """Samples per non-empty stratum. Lock-free for the event loop: copying the dict's items
+        is atomic under the GIL, and a size read mid-insert is at worst one batch stale."""
+        items = list(self._rings.items())
+        return {s: ring.size for s, ring in sorted(items)}
 
     def clear(self) -> int:
         """Drop every sample; returns how many were dropped."""

@@ -120,3 +120,21 @@ def test_missing_file_is_an_empty_window_and_garbage_is_refused(tmp_path: Path) 
     bad.write_bytes(b"not a zip file")
     with pytest.raises(ValueError):
         window.load(bad, time.time())
+
+
+def test_bounded_snapshot_keeps_small_strata_whole_and_the_newest_of_big_ones() -> None:
+    rng = np.random.default_rng(4)
+    window = StratifiedWindow(stratum_cap=100_000, max_age_s=3600)
+    for waiting, n in ((0, 5000), (50, 40)):
+        columns = synthetic.samples(n, rng, waiting=waiting)
+        columns["actual_ttft_ms"] = np.arange(n, dtype=np.float64)  # arrival order within the regime
+        window.insert(columns, np.full(n, time.time()))
+    full = window.snapshot()
+    bounded = window.snapshot(max_samples=1000)
+    assert len(full) == 5040 and len(bounded) <= 1000
+    rare = bounded.column("num_request_waiting") == 50
+    assert rare.sum() == 40, "the rare regime is kept whole"
+    for stratum in np.unique(full.strata).tolist():  # every stratum keeps its newest samples
+        everything = full.column("actual_ttft_ms")[full.strata == stratum]
+        kept = bounded.column("actual_ttft_ms")[bounded.strata == stratum]
+        assert kept.tolist() == everything[len(everything) - len(kept) :].tolist()
