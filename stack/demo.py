@@ -121,7 +121,7 @@ class _Demo:
                     self.requests += 1
                 self.sim_end_s = self.cluster.now_s
                 self._complete(self.cluster.drain())
-                await self.sender.close(sender_task, cfg.final_flush_timeout_s)
+                await self._flush(sender_task)
             finally:
                 view_task.cancel()
                 sender_task.cancel()
@@ -172,6 +172,19 @@ class _Demo:
             round_robin_ttft_ms=[c.ttft_ms for c in baseline],
             round_robin_tpot_ms=[c.tpot_ms for c in baseline],
         )
+
+    async def _flush(self, sender_task: asyncio.Task[None]) -> None:
+        """Send what is still buffered, watching the services meanwhile."""
+        assert self.sender is not None
+        closing = asyncio.create_task(self.sender.close(sender_task, self.cfg.final_flush_timeout_s))
+        try:
+            while not closing.done():
+                await asyncio.wait({closing}, timeout=_WATCHDOG_EVERY_S)
+                self._watch()
+        finally:
+            closing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await closing
 
     def _watch(self) -> None:
         now = time.monotonic()
@@ -247,7 +260,7 @@ class _Demo:
         assert sender is not None
         return DemoSnapshot(
             wall_s=time.monotonic() - self.started,
-            sim_s=self.cluster.now_s,
+            sim_s=min(self.cluster.now_s, self.cfg.duration_s),
             duration_s=self.cfg.duration_s,
             requests=self.requests,
             rows=self.rows,

@@ -205,7 +205,7 @@ class Launcher:
                 try:
                     codes[child.spec.name] = child.proc.wait(max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    log_event(log, "service_killed", logging.WARNING, service=child.spec.name, pid=child.pid)
+                    log_event(log, "service_killed", logging.WARNING, child=child.spec.name, pid=child.pid)
                     _signal_group(child.pid, signal.SIGKILL)
                     codes[child.spec.name] = child.proc.wait()
                 # The leader is gone; make sure none of its workers outlived it.
@@ -243,7 +243,7 @@ class Launcher:
             )
         child = Child(spec, f"http://{_url_host(host)}:{spec.port}", proc, log_path)
         self.children.append(child)
-        log_event(log, "service_started", service=spec.name, pid=proc.pid, url=child.url, log=str(log_path))
+        log_event(log, "service_started", child=spec.name, pid=proc.pid, url=child.url, log=str(log_path))
         return child
 
     def _wait_ready(self, children: list[Child], deadline: float) -> None:
@@ -260,7 +260,7 @@ class Launcher:
                     try:
                         if client.get(child.url + child.spec.ready_path).status_code == 200:
                             pending.remove(child)
-                            log_event(log, "service_ready", service=child.spec.name, url=child.url)
+                            log_event(log, "service_ready", child=child.spec.name, url=child.url)
                     except httpx.HTTPError:
                         pass
                 if pending and time.monotonic() > deadline:

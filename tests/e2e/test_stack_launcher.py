@@ -1,0 +1,248 @@
+"""``python -m stack`` as a user runs it: ready, URLs that work, a demo that learns, and no
+process left behind however it stops (SIGINT, SIGTERM, a dead child, even SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.procs import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+ROW = {
+    "kv_cache_percentage": 0.2,
+    "input_token_length": 500,
+    "num_request_waiting": 1,
+    "num_request_running": 3,
+    "num_tokens_generated": 1,
+    "prefix_cache_score": 0.5,
+}
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+
+
+def processes() -> dict[int, ProcInfo]:
+    out: dict[int, ProcInfo] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
+        out[int(entry.name)] = ProcInfo(
+            int(entry.name), int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
+        )
+    return out
+
+
+def descendants(root: int) -> set[int]:
+    procs = processes()
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        children = {p.pid for p in procs.values() if p.ppid in frontier} - found
+        found |= children
+        frontier = children
+    return found
+
+
+def alive(pids: set[int], sessions: set[int]) -> set[int]:
+    """PIDs (or members of the given sessions) still running; zombies count as gone."""
+    return {p.pid for p in processes().values() if (p.pid in pids or p.sid in sessions) and p.state != "Z"}
+
+
+def wait_gone(pids: set[int], sessions: set[int], timeout_s: float) -> set[int]:
+    deadline = time.monotonic() + timeout_s
+    left = alive(pids, sessions)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = alive(pids, sessions)
+    return left
+
+
+def free_base_port(count: int) -> int:
+    """A base port with ``count`` consecutive free loopback ports."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + count >= 65000:
+            continue
+        ok = True
+        for port in range(base, base + count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+@dataclass
+class Stack:
+    proc: subprocess.Popen[bytes]
+    stdout: Path
+    stderr: Path
+    data_dir: Path
+
+    def out(self) -> str:
+        return self.stdout.read_text(errors="replace")
+
+    def err(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+    def wait_for_output(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = re.search(pattern, self.out())
+            if match:
+                return match
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(
+            f"{pattern!r} not printed (exit {self.proc.poll()}):\n{self.out()[-3000:]}\n{self.err()[-4000:]}"
+        )
+
+    def urls(self) -> tuple[str, str]:
+        match = self.wait_for_output(r"TRAINING_SERVER_URL=(\S+)\n\s*PREDICTION_SERVER_URL=(\S+)", 90)
+        return match.group(1), match.group(2)
+
+    def services(self) -> set[int]:
+        """PIDs of everything the launcher started (services and their workers)."""
+        return descendants(self.proc.pid)
+
+
+StartStack = Callable[..., Stack]
+
+
+@pytest.fixture
+def start_stack(tmp_path: Path) -> Iterator[StartStack]:
+    started: list[Stack] = []
+
+    def start(*args: str, replicas: int = 2) -> Stack:
+        data_dir = tmp_path / f"stack{len(started)}"
+        data_dir.mkdir()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        stdout, stderr = data_dir / "stdout.txt", data_dir / "stderr.txt"
+        argv = [
+            sys.executable, "-m", "stack", "--data-dir", str(data_dir), "--replicas", str(replicas),
+            "--base-port", str(free_base_port(replicas + 2)), *args,
+        ]  # fmt: skip
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=err, env=env, cwd=REPO_ROOT, start_new_session=True
+            )
+        stack = Stack(proc, stdout, stderr, data_dir)
+        started.append(stack)
+        return stack
+
+    yield start
+    for stack in started:  # never leave anything behind, even when a test failed
+        pids = stack.services() if stack.proc.poll() is None else set()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(stack.proc.pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        stack.proc.wait()
+
+
+def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStack) -> None:
+    # --demo-speed caps the pace so the stack stays up long enough to be called from outside.
+    stack = start_stack(
+        "--demo", "--demo-duration-s", "40", "--demo-speed", "4", "--demo-pods", "4", "--demo-rate-rps", "30"
+    )
+    training_url, prediction_url = stack.urls()
+    services = stack.services()
+    assert len(services) >= 4, "training server, two replicas and the coalescer"
+    with httpx.Client(timeout=5.0) as client:
+        assert client.get(training_url + "/readyz").status_code == 200
+        resp = client.post(prediction_url + "/predict/bulk/strict", json={"requests": [ROW, ROW]})
+        assert resp.status_code == 200, resp.text
+        predictions = resp.json()["predictions"]
+        assert len(predictions) == 2 and all(p["ttft_ms"] > 0 and p["model_version"] for p in predictions)
+        entry = {**ROW, "actual_ttft_ms": 80.0, "actual_tpot_ms": 12.0}
+        resp = client.post(training_url + "/add_training_data_bulk", json={"entries": [entry]})
+        assert resp.status_code == 202
+
+    assert stack.proc.wait(timeout=60) == 0, stack.err()[-4000:]
+    out = stack.out()
+    assert "=== demo summary ===" in out
+    summary = orjson.loads((stack.data_dir / "demo-summary.json").read_bytes())
+    assert summary["requests"] > 500
+    assert summary["prediction_errors"] == 0
+    assert summary["rows_predicted"] == 4 * summary["requests"]
+    assert summary["ttft"]["overall"]["count"] == summary["completions"] == summary["requests"]
+    samples = summary["samples"]
+    assert samples["accepted"] == samples["sent"] == summary["completions"]
+    assert samples["rejected"] == samples["unsent"] == 0
+    assert summary["final_model_version"]
+    assert not wait_gone(services, services, 5), "services outlived the stack"
+    assert {path.name for path in (stack.data_dir / "logs").iterdir()} == {
+        "training_server.log", "prediction_server-1.log", "prediction_server-2.log", "coalescer.log",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_every_child(start_stack: StartStack, sig: signal.Signals) -> None:
+    stack = start_stack(replicas=2)
+    stack.urls()
+    services = stack.services()
+    assert len(services) >= 4
+    stack.proc.send_signal(sig)
+    assert stack.proc.wait(timeout=45) == 0, stack.err()[-4000:]
+    assert not wait_gone(services, services, 5), "orphans left after the launcher exited"
+    assert "stack_stopped" in stack.err()
+
+
+def test_dead_child_stops_the_stack_with_an_error(start_stack: StartStack) -> None:
+    stack = start_stack(replicas=2)
+    stack.urls()
+    services = stack.services()
+    replica = next(
+        pid
+        for pid in services
+        if "prediction_server" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    )
+    os.kill(replica, signal.SIGKILL)
+    assert stack.proc.wait(timeout=45) == 1
+    assert "exited unexpectedly" in stack.err()
+    assert not wait_gone(services, services, 5)
+
+
+def test_killed_launcher_takes_its_children_down(start_stack: StartStack) -> None:
+    stack = start_stack(replicas=1)
+    stack.urls()
+    services = stack.services()
+    stack.proc.kill()  # no chance to clean up: the kernel's parent-death signal must do it
+    stack.proc.wait()
+    assert not wait_gone(services, services, 20), "services survived a SIGKILLed launcher"
