@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -25,6 +26,10 @@ def create_app(settings: PredictionSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await watcher.start()
+        # Start-up objects (xgboost, numpy, the first model) live as long as the process: keep
+        # them out of the cyclic collector so its full passes stay short on the hot path.
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
