@@ -22,37 +22,45 @@ class StackSettings(BaseSettings):
 
     model_config = settings_config("STACK_")
 
-    host: str = Field("127.0.0.1", description="Interface every service listens on (loopback by default)")
+    host: str = Field(
+        default="127.0.0.1", description="Interface every service listens on (loopback by default)"
+    )
     base_port: int = Field(
-        8000,
+        default=8000,
         ge=1,
         le=65000,
         description="Training server port; the coalescer uses base+1, prediction replicas base+2 onwards",
     )
-    data_dir: Path = Field(Path("var"), description="Training data, model store (<dir>/models) and logs")
-    replicas: int = Field(2, ge=1, le=64, description="Number of prediction server replicas")
-    workers: int = Field(1, ge=1, le=64, description="Worker processes per prediction replica")
-    ready_timeout_s: float = Field(90.0, gt=0, description="How long to wait for every service to be ready")
+    data_dir: Path = Field(
+        default=Path("var"), description="Training data, model store (<dir>/models) and logs"
+    )
+    replicas: int = Field(default=2, ge=1, le=64, description="Number of prediction server replicas")
+    workers: int = Field(default=1, ge=1, le=64, description="Worker processes per prediction replica")
+    ready_timeout_s: float = Field(
+        default=90.0, gt=0, description="How long to wait for every service to be ready"
+    )
     stop_timeout_s: float = Field(
-        10.0, gt=0, description="Grace period after SIGTERM before a service is killed"
+        default=10.0, gt=0, description="Grace period after SIGTERM before a service is killed"
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", description="Log level of the launcher and the services"
+        default="info", description="Log level of the launcher and the services"
     )
-    demo: bool = Field(False, description="Run the simulated demo workload, then stop the stack")
-    demo_duration_s: float = Field(120.0, gt=0, description="Simulated seconds of demo traffic")
+    demo: bool = Field(default=False, description="Run the simulated demo workload, then stop the stack")
+    demo_duration_s: float = Field(default=120.0, gt=0, description="Simulated seconds of demo traffic")
     demo_pods: int = Field(
-        8, ge=1, le=1000, description="Simulated model-server pods (rows per prediction call)"
+        default=8, ge=1, le=1000, description="Simulated model-server pods (rows per prediction call)"
     )
-    demo_rate_rps: float = Field(60.0, gt=0, description="Mean simulated arrival rate (bursty)")
+    demo_rate_rps: float = Field(default=60.0, gt=0, description="Mean simulated arrival rate (bursty)")
     demo_speed: float = Field(
-        0.0, ge=0, description="Simulated seconds per wall second (0: as fast as predictions allow)"
+        default=0.0, ge=0, description="Simulated seconds per wall second (0: as fast as predictions allow)"
     )
-    demo_seed: int = Field(0, description="Seed of the simulated workload and pods")
+    demo_seed: int = Field(default=0, description="Seed of the simulated workload and pods")
     demo_epsilon: float = Field(
-        0.05, ge=0, le=1, description="Share of requests routed to a random pod (exploration)"
+        default=0.05, ge=0, le=1, description="Share of requests routed to a random pod (exploration)"
     )
-    demo_window: int = Field(500, ge=10, description="Completions in the rolling coverage/MAPE window")
+    demo_window: int = Field(
+        default=500, ge=10, description="Completions in the rolling coverage/MAPE window"
+    )
 
     @property
     def training_port(self) -> int:
