@@ -50,6 +50,7 @@ from shared.logging import log_event
 log = logging.getLogger(__name__)
 
 MAX_REMEMBERED_REFUSALS = 64
+STARTUP_STORE_BUDGET_S = 2.0
 _VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _MANIFEST_FIELDS = frozenset(Manifest.__dataclass_fields__)
 
@@ -284,8 +285,15 @@ class StoreWatcher:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Load the store's current version (else the prior) and start polling."""
-        await self.check()
+        """Load the store's current version (else the prior) and start polling.
+
+        A store that is slow to answer does not hold up readiness: after ``STARTUP_STORE_BUDGET_S``
+        the prior (or the cached version) serves, and the next poll picks the store's version up.
+        """
+        try:
+            await asyncio.wait_for(self.check(), min(self.settings.store_timeout_s, STARTUP_STORE_BUDGET_S))
+        except TimeoutError:
+            self._reachable(False, "no answer within the start-up budget")
         if self.current is None and isinstance(self.source, HttpSource) and not self.store_reachable:
             cached = await self.source.cached_current()
             if cached is not None:

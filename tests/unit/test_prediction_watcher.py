@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
 from prediction_server.predictor import BUILTIN_PRIOR_VERSION
-from prediction_server.store_watcher import StoreWatcher, parse_manifest
+from prediction_server.store_watcher import STARTUP_STORE_BUDGET_S, StoreWatcher, parse_manifest
 from shared.artifacts import ModelStore
 from shared.metrics import new_registry
 from tests.prediction_support import (
@@ -190,3 +192,18 @@ def test_manifests_with_extra_fields_or_wrapped_are_accepted_bad_names_are_not(t
     assert parse_manifest(orjson.dumps({"version": manifest.version, "manifest": data})) == manifest
     with pytest.raises(Exception, match="bad version name"):
         parse_manifest(orjson.dumps({**data, "version": "../escape"}))
+
+
+async def test_a_store_that_never_answers_does_not_hold_up_readiness() -> None:
+    with socket.socket() as silent:  # accepts connections (backlog) but never replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        watcher = _watcher(f"http://127.0.0.1:{silent.getsockname()[1]}", store_timeout_s=30.0)
+        started = time.monotonic()
+        await watcher.start()
+        try:
+            assert time.monotonic() - started < STARTUP_STORE_BUDGET_S + 1.5
+            assert watcher.current is not None and watcher.current.version == BUILTIN_PRIOR_VERSION
+            assert watcher.store_reachable is False
+        finally:
+            await watcher.stop()
