@@ -31,7 +31,7 @@ class TrainingMetrics:
         )
         self.samples_evicted = Counter(
             "training_window_evicted_samples",
-            "Samples that left the window: cap (stratum full), age, flush",
+            "Samples that left the window: cap (stratum full), age, flush; stale: too old on arrival",
             ["reason"],
             registry=r,
         )

@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 import orjson
 import xgboost as xgb
 
@@ -22,7 +23,7 @@ from shared.artifacts import Manifest, ModelStore
 from shared.errors import ArtifactError, IngestSaturated, ServiceError
 from shared.logging import log_event
 from shared.prior import publish_prior
-from shared.schemas import loads, parse_training_entries, require_list
+from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
 from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
@@ -127,8 +128,11 @@ class TrainingService:
             finally:
                 self._ingesting -= 1
             entries = require_list(loads(body), "entries", max_items=self.settings.max_entries_per_request)
-            columns, timestamps = parse_training_entries(entries, now_s=time.time())
-            self.intake.submit(columns, timestamps)
+            now_s = time.time()
+            columns, timestamps = parse_training_entries(entries, now_s=now_s)
+            columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
+            if len(timestamps):
+                self.intake.submit(columns, timestamps)
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
             self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
@@ -139,6 +143,18 @@ class TrainingService:
         self.metrics.ingest_rows.observe(n)
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
         return n
+
+    def _keep_fresh(
+        self, columns: Columns, timestamps: np.ndarray, now_s: float
+    ) -> tuple[Columns, np.ndarray]:
+        """Accepted samples older than ``max_age_s`` are dropped at once (they must not evict
+        fresh ones); timestamps ahead of our clock (sender clock skew) count as now."""
+        timestamps = np.minimum(timestamps, now_s)
+        fresh = timestamps >= now_s - self.settings.max_age_s
+        if fresh.all():
+            return columns, timestamps
+        self.metrics.samples_evicted.labels("stale").inc(int(len(fresh) - fresh.sum()))
+        return {name: column[fresh] for name, column in columns.items()}, timestamps[fresh]
 
     def _on_inserted(self, inserted: int, evicted: int) -> None:
         """Intake-thread callback."""

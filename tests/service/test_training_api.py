@@ -7,6 +7,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,14 @@ def test_accepts_with_202_and_the_exact_message(client: TestClient) -> None:
 
 def test_timestamps_and_optional_fields_are_honoured(client: TestClient) -> None:
     batch = entries(3)
-    batch[0]["timestamp"] = "2026-01-02T03:04:05Z"
+    ten_minutes_ago = int(time.time()) - 600
+    batch[0]["timestamp"] = datetime.fromtimestamp(ten_minutes_ago, UTC).isoformat().replace("+00:00", "Z")
     batch[1]["timestamp"] = "0001-01-01T00:00:00Z"  # the Go client's "unset": means now
     batch[2]["pod_type"] = None
     assert post_entries(client, batch).status_code == 202
     wait_for(lambda: service_of(client).window.size == 3)
     stamps = sorted(service_of(client).window.snapshot().column("timestamp").tolist())
-    assert stamps[0] == pytest.approx(1767323045.0)
+    assert stamps[0] == ten_minutes_ago
     assert stamps[1] == pytest.approx(time.time(), abs=60)
 
 
@@ -238,3 +240,16 @@ def test_prior_is_ready_immediately_and_says_so(cold_client: TestClient) -> None
     manifest = client.get("/models/current").json()
     assert manifest["kind"] == "prior" and manifest["training_samples"] == {"ttft": 0, "tpot": 0}
     assert 'training_model_version_info{kind="prior"' in client.get("/metrics").text
+
+
+def test_samples_too_old_on_arrival_are_accepted_but_not_kept(tmp_path: Path) -> None:
+    with TestClient(create_app(make_settings(tmp_path, max_age_s=3600))) as client:
+        batch = entries(10)
+        for entry in batch[:4]:
+            entry["timestamp"] = "2020-01-01T00:00:00Z"
+        batch[4]["timestamp"] = "2999-01-01T00:00:00Z"  # sender clock far ahead: counts as now
+        response = post_entries(client, batch)
+        assert response.status_code == 202 and response.json()["message"] == "Accepted 10 training samples."
+        wait_for(lambda: service_of(client).window.size == 6)
+        assert service_of(client).window.snapshot().column("timestamp").max() <= time.time()
+        assert metric(client, 'training_window_evicted_samples_total{reason="stale"}') == 4
