@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from prediction_server.trees import CompiledForest
 from shared.errors import ArtifactError
 from shared.features import NUM_FEATURES
 from shared.logging import log_event
@@ -32,16 +33,19 @@ log = logging.getLogger(__name__)
 # and the upper one is the bulk row limit.
 MIN_CROSSOVER_ROWS = 16
 MAX_CROSSOVER_ROWS = 10_000
-_CALIBRATION_ROWS = (16, 512)
+_CALIBRATION_ROWS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 _CALIBRATION_REPEATS = 5
 
 
 class Forest(Protocol):
     """Anything that turns a float32 ``(n, NUM_FEATURES)`` matrix into float32 XGBoost margins."""
 
-    name: str
-
     def predict_margin(self, features: np.ndarray) -> np.ndarray: ...
+
+
+def evaluator_name(forest: Forest) -> str:
+    """A short description of an evaluator, for /status and logs."""
+    return str(getattr(forest, "name", type(forest).__name__))
 
 
 @cache
@@ -100,7 +104,7 @@ class AdaptiveForest:
         self._compiled = compiled
         self._booster = booster
         self.max_compiled_rows = max_compiled_rows
-        self.name = f"{compiled.name}<={max_compiled_rows}<{booster.name}"
+        self.name = f"{evaluator_name(compiled)}<={max_compiled_rows}<{evaluator_name(booster)}"
 
     def predict_margin(self, features: np.ndarray) -> np.ndarray:
         if len(features) <= self.max_compiled_rows:
@@ -113,7 +117,12 @@ def compile_forest(booster: Any, probe: np.ndarray, what: str) -> Forest:
 
     ``probe`` is a feature matrix on which a compiled form must reproduce XGBoost exactly.
     """
-    return BoosterForest(booster)
+    try:
+        compiled = CompiledForest.from_booster(booster)
+    except ValueError as exc:  # a model the compiled form does not support: XGBoost serves it
+        log_event(log, "compiled_forest_unsupported", logging.WARNING, model=what, reason=str(exc))
+        return BoosterForest(booster)
+    return adaptive_forest(compiled, booster, probe, what)
 
 
 def adaptive_forest(compiled: Forest, booster: Any, probe: np.ndarray, what: str) -> Forest:
@@ -129,18 +138,23 @@ def adaptive_forest(compiled: Forest, booster: Any, probe: np.ndarray, what: str
 
 
 def crossover_rows(compiled: Forest, booster: Forest, probe: np.ndarray) -> int:
-    """The batch size up to which ``compiled`` is faster, from timings at two sizes (linear fit)."""
-    small, large = _CALIBRATION_ROWS
-    matrices = (_rows(probe, small), _rows(probe, large))
-    costs = [[_best_time_s(forest, m) for m in matrices] for forest in (compiled, booster)]
-    (c_small, c_large), (b_small, b_large) = costs
-    c_per_row = (c_large - c_small) / (large - small)
-    b_per_row = (b_large - b_small) / (large - small)
-    if c_per_row <= b_per_row:  # compiled never loses
-        return MAX_CROSSOVER_ROWS
-    c_fixed, b_fixed = c_small - c_per_row * small, b_small - b_per_row * small
-    rows = (b_fixed - c_fixed) / (c_per_row - b_per_row)
-    return int(min(MAX_CROSSOVER_ROWS, max(MIN_CROSSOVER_ROWS, rows)))
+    """The largest batch for which ``compiled`` is faster than ``booster``, measured.
+
+    Batch sizes double from ``MIN_CROSSOVER_ROWS`` until ``compiled`` loses; the crossover is
+    interpolated between the last win and the first loss (costs are not linear in rows, so a fit
+    from two sizes would misplace it).
+    """
+    last_win: tuple[int, float] | None = None
+    for n in _CALIBRATION_ROWS:
+        matrix = _rows(probe, n)
+        lead_s = _best_time_s(compiled, matrix) - _best_time_s(booster, matrix)  # < 0: compiled wins
+        if lead_s >= 0:
+            if last_win is None:
+                return MIN_CROSSOVER_ROWS
+            n0, lead0 = last_win
+            return int(n0 + (n - n0) * -lead0 / (lead_s - lead0))
+        last_win = (n, lead_s)
+    return MAX_CROSSOVER_ROWS
 
 
 def _rows(probe: np.ndarray, n: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from prediction_server.evaluators import Forest, compile_forest, import_xgboost, load_booster
+from prediction_server.evaluators import Forest, compile_forest, evaluator_name, import_xgboost, load_booster
 from shared.artifacts import (
     MODEL_NAMES,
     Manifest,
@@ -109,7 +109,7 @@ class Predictor:
             booster = load_booster(model_set.files[name], f"version {manifest.version} model {name}")
             forest = compile_forest(booster, probe_matrix(), f"{manifest.version}/{name}")
             forests[name] = forest
-            evaluators.add(forest.name)
+            evaluators.add(evaluator_name(forest))
         loaded_at = datetime.now(UTC)
         constants = {
             "model_type": MODEL_TYPE,

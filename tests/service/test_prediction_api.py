@@ -99,9 +99,13 @@ async def test_predictions_through_http_equal_xgboost_booster_predict(
     client: httpx.AsyncClient, store: tuple[ModelStore, Manifest]
 ) -> None:
     rows = random_rows(2000, np.random.default_rng(11))
-    response = await client.post("/predict/bulk/strict", json={"requests": rows})
-    assert response.status_code == 200
-    predictions = response.json()["predictions"]
+    predictions = []
+    for size in (2, 8, 10, 30, 50, 100, 300, 1500):  # small calls (compiled forest) and large (XGBoost)
+        start = len(predictions)
+        response = await client.post("/predict/bulk/strict", json={"requests": rows[start : start + size]})
+        assert response.status_code == 200
+        predictions.extend(response.json()["predictions"])
+    assert len(predictions) == len(rows)
     model_set = store[0].load(store[1].version)
     features = build_features(parse_rows(rows))
     for name in ("ttft", "tpot"):

@@ -44,11 +44,14 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> ModelStore:
     return store
 
 
-def test_predictions_equal_xgboost_own_predict_on_random_rows(store: ModelStore) -> None:
+@pytest.mark.parametrize("batch", [1, 7, 10, 100, 3000])
+def test_predictions_equal_xgboost_own_predict_on_random_rows(store: ModelStore, batch: int) -> None:
+    """Small batches go through the compiled forest, large ones through XGBoost: both must agree."""
     model_set = store.load()
     predictor = Predictor.from_model_set(model_set)
-    features = build_features(parse_rows(random_rows(3000, np.random.default_rng(5))))
-    ttft, tpot = predictor.predict(features)
+    features = build_features(parse_rows(random_rows(3000, np.random.default_rng(batch))))
+    chunks = [predictor.predict(features[i : i + batch]) for i in range(0, len(features), batch)]
+    ttft, tpot = (np.concatenate([chunk[k] for chunk in chunks]) for k in (0, 1))
     for name, got in (("ttft", ttft), ("tpot", tpot)):
         booster = xgb.Booster(model_file=bytearray(model_set.files[name]))
         margin = booster.predict(xgb.DMatrix(features), output_margin=True)
@@ -56,6 +59,11 @@ def test_predictions_equal_xgboost_own_predict_on_random_rows(store: ModelStore)
         # The margin is float32 in both; equal up to float32 rounding of the margin.
         np.testing.assert_allclose(got, expected, rtol=1e-6)
         assert got.dtype == np.float64 and (got > 0).all()
+
+
+def test_trained_models_are_served_by_the_compiled_forest_for_small_batches(store: ModelStore) -> None:
+    predictor = Predictor.from_model_set(store.load())
+    assert predictor.evaluator.startswith("CompiledForest<=")
 
 
 def test_version_metadata_and_constant_prediction_fields(store: ModelStore) -> None:
