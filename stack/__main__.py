@@ -90,6 +90,7 @@ def _run_demo(settings: StackSettings, launcher: Launcher) -> None:
     cfg = DemoConfig(
         prediction_url=launcher.coalescer_url,
         training_url=launcher.coalescer_url,
+        training_server_url=launcher.training_url,
         duration_s=settings.demo_duration_s,
         pods=settings.demo_pods,
         rate_rps=settings.demo_rate_rps,

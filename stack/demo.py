@@ -44,6 +44,7 @@ _WATCHDOG_EVERY_S = 0.5
 class DemoConfig:
     prediction_url: str
     training_url: str  # where samples go: the coalescer relays them to the training server
+    training_server_url: str | None = None  # for the summary: what the training server made of them
     duration_s: float = 120.0  # simulated
     pods: int = 8
     rate_rps: float = 60.0
@@ -99,6 +100,7 @@ class _Demo:
         self.sim_end_s = 0.0
         self._next_watch = 0.0
         self.sender: SampleSender | None = None
+        self.training_status: dict[str, Any] | None = None
 
     async def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -122,6 +124,8 @@ class _Demo:
                 self.sim_end_s = self.cluster.now_s
                 self._complete(self.cluster.drain())
                 await self._flush(sender_task)
+                if cfg.training_server_url:
+                    self.training_status = await self._training_status(client, cfg.training_server_url)
             finally:
                 view_task.cancel()
                 sender_task.cancel()
@@ -171,6 +175,7 @@ class _Demo:
             },
             round_robin_ttft_ms=[c.ttft_ms for c in baseline],
             round_robin_tpot_ms=[c.tpot_ms for c in baseline],
+            training_server=self.training_status,
         )
 
     async def _flush(self, sender_task: asyncio.Task[None]) -> None:
@@ -185,6 +190,31 @@ class _Demo:
             closing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await closing
+
+    async def _training_status(self, client: httpx.AsyncClient, url: str) -> dict[str, Any] | None:
+        """The training server's view once the relay has delivered our samples (or after 10 s)."""
+        assert self.sender is not None
+        deadline = time.monotonic() + 10.0
+        try:
+            while True:
+                status = (await client.get(url.rstrip("/") + "/status")).json()
+                delivered = status.get("intake", {}).get("accepted_samples", 0) >= self.sender.accepted
+                if delivered or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+                self._watch()
+            versions = (await client.get(url.rstrip("/") + "/models")).json().get("versions", [])
+        except (httpx.HTTPError, ValueError) as exc:
+            log_event(log, "training_status_failed", logging.WARNING, error=repr(exc))
+            return None
+        return {
+            "current_version": status.get("current_version"),
+            "versions_in_store": versions,
+            "accepted_samples": status.get("intake", {}).get("accepted_samples"),
+            "window_samples": status.get("window", {}).get("samples"),
+            "retrains": status.get("training", {}).get("runs"),
+            "held_out_metrics": status.get("current_metrics"),
+        }
 
     def _watch(self) -> None:
         now = time.monotonic()
@@ -285,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m stack.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prediction-url", required=True, help="coalescer (or prediction server) URL")
     parser.add_argument("--training-url", help="where samples go (default: the prediction URL, a coalescer)")
+    parser.add_argument("--training-server-url", help="training server, to report what it learnt (optional)")
     parser.add_argument("--duration-s", type=float, default=DemoConfig.duration_s, help="simulated seconds")
     parser.add_argument("--pods", type=int, default=DemoConfig.pods)
     parser.add_argument("--rate-rps", type=float, default=DemoConfig.rate_rps)
@@ -298,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = DemoConfig(
         prediction_url=args.prediction_url,
         training_url=args.training_url or args.prediction_url,
+        training_server_url=args.training_server_url,
         duration_s=args.duration_s,
         pods=args.pods,
         rate_rps=args.rate_rps,

@@ -34,6 +34,7 @@ class DemoRun:
     samples: dict[str, int]
     round_robin_ttft_ms: list[float] = field(default_factory=list)
     round_robin_tpot_ms: list[float] = field(default_factory=list)
+    training_server: dict[str, Any] | None = None  # its /status digest at the end, when known
 
 
 def build_summary(run: DemoRun) -> dict[str, Any]:
@@ -76,6 +77,7 @@ def build_summary(run: DemoRun) -> dict[str, Any]:
             "round_robin_tpot_p90_ms": _pct([t for t in run.round_robin_tpot_ms if t > 0], 90),
         },
         "samples": dict(run.samples),
+        "training_server": run.training_server,
     }
 
 
@@ -125,6 +127,13 @@ def format_summary(s: dict[str, Any]) -> str:
         f"samples: {sm['sent']} sent, {sm['accepted']} accepted, {sm['rejected']} rejected, "
         f"{sm['throttled']} throttled answers, {sm['dropped']} dropped, {sm['unsent']} unsent"
     )
+    ts = s.get("training_server")
+    if ts:
+        lines.append(
+            f"training server: {ts['accepted_samples']} samples accepted, "
+            f"{ts['window_samples']} in the window, {ts['retrains']} retrain(s); "
+            f"store holds {', '.join(ts['versions_in_store'])} (current {ts['current_version']})"
+        )
     return "\n".join(lines)
 
 

@@ -177,10 +177,9 @@ def start_stack(tmp_path: Path) -> Iterator[StartStack]:
 
 
 def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStack) -> None:
-    # --demo-speed caps the pace so the stack stays up long enough to be called from outside.
-    stack = start_stack(
-        "--demo", "--demo-duration-s", "40", "--demo-speed", "4", "--demo-pods", "4", "--demo-rate-rps", "30"
-    )
+    # The README's demo (8 pods, 60 requests/s), shorter; --demo-speed caps the pace so the stack
+    # stays up long enough to be called from outside and to retrain at least once.
+    stack = start_stack("--demo", "--demo-duration-s", "90", "--demo-speed", "5")
     training_url, prediction_url = stack.urls()
     services = stack.services()
     assert len(services) >= 4, "training server, two replicas and the coalescer"
@@ -198,14 +197,24 @@ def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStac
     out = stack.out()
     assert "=== demo summary ===" in out
     summary = orjson.loads((stack.data_dir / "demo-summary.json").read_bytes())
-    assert summary["requests"] > 500
+    assert summary["requests"] > 3000
     assert summary["prediction_errors"] == 0
-    assert summary["rows_predicted"] == 4 * summary["requests"]
+    assert summary["rows_predicted"] == 8 * summary["requests"]
     assert summary["ttft"]["overall"]["count"] == summary["completions"] == summary["requests"]
     samples = summary["samples"]
     assert samples["accepted"] == samples["sent"] == summary["completions"]
     assert samples["rejected"] == samples["unsent"] == 0
-    assert summary["final_model_version"]
+    # It learnt: a model trained on the demo's samples replaced the prior and serves, and it
+    # predicts better than the best constant would have, and routing on it beats round-robin.
+    versions = [v["version"] for v in summary["model_versions"]]
+    assert len(versions) >= 2 and summary["final_model_version"] == versions[-1] != versions[0]
+    training = summary["training_server"]
+    assert training["accepted_samples"] >= summary["completions"]
+    assert training["current_version"] == versions[-1] and training["retrains"] >= 1
+    recent = summary["ttft"]["recent"]
+    assert recent["pinball"] < recent["constant_pinball"]
+    routing = summary["routing"]
+    assert routing["ttft_p90_ms"] < routing["round_robin_ttft_p90_ms"]
     assert not wait_gone(services, services, 5), "services outlived the stack"
     assert {path.name for path in (stack.data_dir / "logs").iterdir()} == {
         "training_server.log", "prediction_server-1.log", "prediction_server-2.log", "coalescer.log",
