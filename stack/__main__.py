@@ -21,7 +21,7 @@ import orjson
 from shared.config import settings_from_cli
 from shared.logging import configure_logging, log_event
 from stack.config import StackSettings
-from stack.launcher import Launcher, StackError
+from stack.launcher import ChildExited, Launcher, StackError
 
 log = logging.getLogger("stack")
 
@@ -63,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StackError as exc:
         log_event(log, "stack_failed", logging.ERROR, error=str(exc))
         print(f"\nlatency-stack: {exc}", file=sys.stderr, flush=True)
+        if isinstance(exc, ChildExited) and exc.log_tail:
+            print(f"last lines of {exc.log_path}:\n{exc.log_tail}", file=sys.stderr, flush=True)
         code = 1
     finally:
         # A second Ctrl-C must not interrupt the cleanup and leave services running.

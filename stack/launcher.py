@@ -43,10 +43,11 @@ class StackError(RuntimeError):
 
 
 class ChildExited(StackError):
-    def __init__(self, name: str, returncode: int, log_path: Path) -> None:
+    def __init__(self, name: str, returncode: int, log_path: Path, log_tail: str = "") -> None:
         self.name = name
         self.returncode = returncode
         self.log_path = log_path
+        self.log_tail = log_tail
         super().__init__(f"{name} exited unexpectedly with code {returncode}; see {log_path}")
 
 
@@ -183,7 +184,7 @@ class Launcher:
         for child in self.children:
             code = child.proc.poll()
             if code is not None:
-                raise ChildExited(child.spec.name, code, child.log_path)
+                raise ChildExited(child.spec.name, code, child.log_path, child.log_tail())
 
     def stop(self) -> dict[str, int]:
         """Stop every service: coalescer first, training server last; return exit codes by name.
@@ -301,6 +302,8 @@ def _group_alive(pgid: int) -> bool:
 def _port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family) as sock:
+        # As uvicorn does: a port held only by TIME_WAIT connections of a previous run is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
