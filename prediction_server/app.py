@@ -40,6 +40,8 @@ def create_app(settings: PredictionSettings) -> FastAPI:
         summary="TTFT/TPOT predictions for LLM-serving schedulers (llm-d latency predictor API).",
         lifespan=lifespan,
         openapi_url=None,  # the routes are raw Starlette routes; wire-contract.md documents them
+        # Prometheus covers metrics; with OpenTelemetry off FastAPI skips its per-request provider checks.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.router.routes.extend(api.routes())
     install_error_handlers(app, on_error=metrics.count_error)
