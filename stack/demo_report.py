@@ -104,7 +104,7 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(
                 f"{name.upper()} p{target:g} {scope:>7}: coverage {acc['coverage'] * 100:5.1f}% "
                 f"(target {target:g}%), MAPE {acc['mape'] * 100:5.1f}%, pinball {acc['pinball']:.2f} "
-                f"= {vs:.2f}x the best constant's  [{acc['count']} completions]"
+                f"= {vs:.2f}x the best constant in hindsight  [{acc['count']} completions]"
             )
     for v in s["model_versions"]:
         if v["ttft_coverage"] is None:
