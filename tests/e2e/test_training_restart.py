@@ -38,6 +38,11 @@ def _status(service: RunningService) -> dict[str, Any]:
     return status
 
 
+def _saved_samples(path: Path) -> int:
+    with np.load(path, allow_pickle=False) as saved:  # replaced atomically: never half-written
+        return int(saved["data"].shape[0])
+
+
 def _wait(predicate: Any, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -75,10 +80,8 @@ def test_restarts_restore_the_window_and_keep_the_model(tmp_path: Path) -> None:
         assert not any("prior" in v for v in listing["versions"][1:]), "no prior republished"
         assert "prior_published" not in second.logs().split("training_server_started")[-1]
         # Then a crash: what the periodic save wrote survives SIGKILL (no shutdown hook runs).
-        saved_at = window_file.stat().st_mtime_ns
         _post(second, 1000, 9)
-        _wait(lambda: window_file.stat().st_mtime_ns != saved_at)
-        time.sleep(0.4)
+        _wait(lambda: _saved_samples(window_file) == 6000)
     finally:
         second.kill()
 
