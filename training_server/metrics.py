@@ -83,6 +83,17 @@ class TrainingMetrics:
             registry=r,
         )
 
+        # Export zeros for the known label values, so dashboards and alerts see them from the start.
+        for reason in ("invalid_input", "payload_too_large", "ingest_saturated", "unauthorized"):
+            self.samples_rejected.labels(reason)
+            self.requests_rejected.labels(reason)
+        for reason in ("cap", "age", "flush", "stale"):
+            self.samples_evicted.labels(reason)
+        for outcome in ("published", "rejected", "skipped", "failed", "cancelled"):
+            self.training_runs.labels(outcome)
+        for model in ("ttft", "tpot"):
+            self.candidates_rejected.labels(model)
+
     def bind(
         self, window_size: Callable[[], int], strata: Callable[[], int], pending: Callable[[], int]
     ) -> None:
