@@ -60,7 +60,8 @@ class TrainingService:
         self._manifest: Manifest | None = None
         self._tree_dumps: dict[tuple[str, str], bytes] = {}
         self.samples_accepted = 0
-        self.rejected: dict[str, int] = {}
+        self.rejected_requests: dict[str, int] = {}
+        self.rejected_samples: dict[str, int] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -135,7 +136,9 @@ class TrainingService:
                 self.intake.submit(columns, timestamps)
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
-            self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
+            self.rejected_requests[exc.reason] = self.rejected_requests.get(exc.reason, 0) + 1
+            samples = len(entries) if entries is not None else 0
+            self.rejected_samples[exc.reason] = self.rejected_samples.get(exc.reason, 0) + samples
             raise
         n = len(entries)
         self.samples_accepted += n
@@ -254,7 +257,8 @@ class TrainingService:
                 "pending_samples": self.intake.pending_samples,
                 "max_pending_samples": s.max_pending_samples,
                 "accepted_samples": self.samples_accepted,
-                "rejected_requests": dict(self.rejected),
+                "rejected_requests": dict(self.rejected_requests),
+                "rejected_samples": dict(self.rejected_samples),
             },
             "training": self.scheduler.status(),
         }

@@ -149,6 +149,9 @@ def test_invalid_entry_is_a_422_naming_index_and_field(
     assert detail[0]["type"] == kind and detail[0]["msg"]
     assert service_of(client).window.size == 0 and service_of(client).intake.pending_samples == 0
     assert metric(client, 'training_samples_rejected_total{reason="invalid_input"}') == 10
+    intake = client.get("/status").json()["intake"]
+    assert intake["rejected_requests"] == {"invalid_input": 1}
+    assert intake["rejected_samples"] == {"invalid_input": 10}
     # Nothing else is affected: the next valid batch goes in whole.
     assert post_entries(client, entries(10, seed=1)).status_code == 202
     wait_for(lambda: service_of(client).window.size == 10)
