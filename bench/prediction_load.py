@@ -69,6 +69,8 @@ class RunResult:
     max_send_lag_ms: float
     server_cpu_us_per_call: float
     server_cpu_share: float
+    # Share of the run the server was runnable but waiting for its core (other processes on it).
+    server_wait_share: float
     generator_cpu_share: float
 
 
@@ -134,6 +136,10 @@ class Server:
     def cpu_s(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+    def runqueue_wait_s(self) -> float:
+        """Time spent runnable but not running (``/proc/<pid>/schedstat``, second field)."""
+        return int(Path(f"/proc/{self.proc.pid}/schedstat").read_text().split()[1]) / 1e9
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -225,12 +231,18 @@ async def open_loop(
 
 
 def measure(server: Server, rows: int, rate: float, args: argparse.Namespace, body: bytes) -> RunResult:
-    cpu0, gen0, wall0 = server.cpu_s(), time.process_time(), time.perf_counter()
+    cpu0, wait0, gen0, wall0 = (
+        server.cpu_s(),
+        server.runqueue_wait_s(),
+        time.process_time(),
+        time.perf_counter(),
+    )
     latencies, sent, errors, lag = asyncio.run(
         open_loop(server.port, body, rows, rate, args.duration_s, args.timeout_s, args.max_in_flight)
     )
     wall = time.perf_counter() - wall0
     cpu, gen = server.cpu_s() - cpu0, time.process_time() - gen0
+    wait = server.runqueue_wait_s() - wait0
     ok = len(latencies)
     q = np.quantile(np.array(latencies), [0.5, 0.9, 0.99]) * 1000 if latencies else [float("nan")] * 3
     return RunResult(
@@ -248,6 +260,7 @@ def measure(server: Server, rows: int, rate: float, args: argparse.Namespace, bo
         max_send_lag_ms=lag * 1000,
         server_cpu_us_per_call=cpu / ok * 1e6 if ok else float("nan"),
         server_cpu_share=cpu / wall,
+        server_wait_share=wait / wall,
         generator_cpu_share=gen / wall,
     )
 
@@ -335,14 +348,7 @@ def main() -> None:
                 for server in servers:
                     result = measure(server, rows, rate, args, bodies[rows])
                     results.append(result)
-                    print(
-                        f"run {run + 1} {server.name:17s} {rows:4d} rows @ {rate:6.0f}/s: "
-                        f"{result.achieved_rps:7.1f} calls/s {result.rows_per_s:8.0f} rows/s "
-                        f"p50 {result.p50_ms:7.2f} p90 {result.p90_ms:7.2f} p99 {result.p99_ms:8.2f} ms "
-                        f"errors {result.errors:5d} server cpu {result.server_cpu_us_per_call:7.0f} us/call "
-                        f"({result.server_cpu_share:4.0%}) generator cpu {result.generator_cpu_share:4.0%}",
-                        flush=True,
-                    )
+                    print(f"run {run + 1} {describe(result)}", flush=True)
     finally:
         for server in servers:
             server.stop()
@@ -351,13 +357,23 @@ def main() -> None:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
 
 
+def describe(r: RunResult) -> str:
+    return (
+        f"{r.server:17s} {r.rows:4d} rows @ {r.target_rps:6.0f}/s: {r.achieved_rps:7.1f} calls/s "
+        f"{r.rows_per_s:8.0f} rows/s p50 {r.p50_ms:7.2f} p90 {r.p90_ms:7.2f} p99 {r.p99_ms:8.2f} ms "
+        f"errors {r.errors:5d} | server cpu {r.server_cpu_us_per_call:6.0f} us/call, busy "
+        f"{r.server_cpu_share:4.0%}, waited for its core {r.server_wait_share:4.0%} | generator cpu "
+        f"{r.generator_cpu_share:4.0%}, max send lag {r.max_send_lag_ms:.0f} ms"
+    )
+
+
 def print_summary(results: list[RunResult], scenarios: list[tuple[int, float]], names: list[str]) -> None:
     print("\nmedians over runs:")
     print(
         "| server | rows/call | target calls/s | calls/s | rows/s | p50 ms | p90 ms | p99 ms | errors "
-        "| server CPU µs/call | generator CPU |"
+        "| server CPU µs/call | server waited for its core | generator CPU |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     medians: dict[tuple[str, int], dict[str, float]] = {}
     for rows, rate in scenarios:
         for name in names:
@@ -372,6 +388,7 @@ def print_summary(results: list[RunResult], scenarios: list[tuple[int, float]], 
                     "p99_ms",
                     "errors",
                     "server_cpu_us_per_call",
+                    "server_wait_share",
                     "generator_cpu_share",
                 )
             }
@@ -379,7 +396,8 @@ def print_summary(results: list[RunResult], scenarios: list[tuple[int, float]], 
             print(
                 f"| {name} | {rows} | {rate:.0f} | {m['achieved_rps']:.0f} | {m['rows_per_s']:.0f} "
                 f"| {m['p50_ms']:.2f} | {m['p90_ms']:.2f} | {m['p99_ms']:.2f} | {m['errors']:.0f} "
-                f"| {m['server_cpu_us_per_call']:.0f} | {m['generator_cpu_share']:.0%} |"
+                f"| {m['server_cpu_us_per_call']:.0f} | {m['server_wait_share']:.0%} "
+                f"| {m['generator_cpu_share']:.0%} |"
             )
     if len(names) > 1:
         ours, naive = names[0], names[1]
