@@ -86,27 +86,7 @@ class PredictionApi:
         try:
             predictor = self._predictor()
             rows = await self._rows(request)
-            try:
-                good: Sequence[int] | None = None
-                columns: Columns | None = parse_rows(rows)
-                errors: list[dict[str, Any]] = []
-            except InvalidInput:
-                if len(rows) <= _INLINE_PARTITION_ROWS:
-                    good, columns, errors = partition_rows(rows)
-                else:
-                    good, columns, errors = await asyncio.to_thread(partition_rows, rows)
-            predictions: list[dict[str, Any] | None]
-            if columns is None:
-                predictions = [None] * len(rows)
-            else:
-                ttft, tpot = predictor.predict(build_features(columns))
-                predicted = _predictions(predictor, ttft, tpot)
-                if good is None:
-                    predictions = list(predicted)
-                else:
-                    predictions = [None] * len(rows)
-                    for index, prediction in zip(good, predicted, strict=True):
-                        predictions[index] = prediction
+            predictions, errors = await self._lenient(predictor, rows)
             body = _bulk_body(predictor, predictions, len(rows), errors, started)
         except Exception as exc:
             self.metrics.observe_failure("predict_bulk", exc, time.perf_counter() - started)
@@ -115,6 +95,28 @@ class PredictionApi:
             self.metrics.item_errors.inc(len(errors))
         self.metrics.observe_success("predict_bulk", len(rows) - len(errors), time.perf_counter() - started)
         return Response(body, media_type="application/json")
+
+    async def _lenient(
+        self, predictor: Predictor, rows: list[Any]
+    ) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
+        """Predictions with ``None`` for invalid rows, and one error item per invalid row."""
+        try:
+            columns = parse_rows(rows)
+        except InvalidInput:
+            pass  # validated again below, row by row where needed
+        else:
+            ttft, tpot = predictor.predict(build_features(columns))
+            return list(_predictions(predictor, ttft, tpot)), []
+        if len(rows) <= _INLINE_PARTITION_ROWS:
+            good, valid, errors = partition_rows(rows)
+        else:
+            good, valid, errors = await asyncio.to_thread(partition_rows, rows)
+        predictions: list[dict[str, Any] | None] = [None] * len(rows)
+        if valid is not None:
+            ttft, tpot = predictor.predict(build_features(valid))
+            for index, prediction in zip(good, _predictions(predictor, ttft, tpot), strict=True):
+                predictions[index] = prediction
+        return predictions, errors
 
     async def predict(self, request: Request) -> Response:
         started = time.perf_counter()
