@@ -2,7 +2,7 @@
 
 With several worker processes (``PROMETHEUS_MULTIPROC_DIR`` set by ``__main__``) counters and
 histograms are summed over workers, and the model gauges are reported per worker (``pid``
-label), so a scrape shows whether every worker serves the same version.
+label), so one scrape shows whether every worker serves the same version.
 """
 
 from __future__ import annotations
@@ -53,10 +53,17 @@ class PredictionMetrics:
             "Rows of POST /predict/bulk answered with a per-item error instead of a prediction.",
             registry=registry,
         )
-        self.model_info = Gauge(
-            "prediction_model_info",
-            "1 for the model version this worker serves.",
-            ["version", "kind"],
+        # Numbers, not a version label: labels would add a series per version forever (the
+        # multiprocess files cannot drop one). Version names are "<sequence:06d>-<kind>".
+        self.model_sequence = Gauge(
+            "prediction_model_sequence",
+            "Sequence number of the model version this worker serves (0: the built-in prior).",
+            multiprocess_mode="liveall",
+            registry=registry,
+        )
+        self.model_is_prior = Gauge(
+            "prediction_model_is_prior",
+            "1 while this worker serves a prior (no trained model yet), else 0.",
             multiprocess_mode="liveall",
             registry=registry,
         )
@@ -97,7 +104,6 @@ class PredictionMetrics:
         self._rows = {e: self.rows.labels(e) for e in ENDPOINTS}
         self._latency = {e: self.latency.labels(e) for e in ENDPOINTS}
         self._rows_per_call = {e: self.rows_per_call.labels(e) for e in ENDPOINTS}
-        self._served: tuple[str, str] | None = None
 
     def observe_success(self, endpoint: str, rows: int, elapsed_s: float) -> None:
         self._ok[endpoint].inc()
@@ -113,11 +119,9 @@ class PredictionMetrics:
     def count_error(self, exc: ServiceError) -> None:
         self.errors.labels(exc.reason).inc()
 
-    def model_served(self, version: str, kind: str, created_at_s: float | None) -> None:
-        if self._served is not None:
-            self.model_info.labels(*self._served).set(0)
-        self._served = (version, kind)
-        self.model_info.labels(version, kind).set(1)
+    def model_served(self, sequence: int, kind: str, created_at_s: float | None) -> None:
+        self.model_sequence.set(sequence)
+        self.model_is_prior.set(1 if kind == "prior" else 0)
         self.model_loaded.set(time.time())
         self.model_loads.labels(kind).inc()
         self.refresh_age(created_at_s)

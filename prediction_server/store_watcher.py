@@ -375,7 +375,9 @@ class StoreWatcher:
     def _serve(self, predictor: Predictor, origin: str, duration_s: float) -> None:
         previous = self.current.version if self.current is not None else None
         self.current = predictor
-        self.metrics.model_served(predictor.version, predictor.kind, _created_at_s(predictor.manifest))
+        self.metrics.model_served(
+            predictor.manifest.sequence, predictor.kind, _created_at_s(predictor.manifest)
+        )
         log_event(
             log,
             "model_loaded",

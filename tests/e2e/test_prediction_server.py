@@ -27,13 +27,13 @@ from tests.procs import RunningService, start_service
 pytestmark = pytest.mark.e2e
 
 SWITCH_DEADLINE_S = 1.5
-_MODEL_INFO = re.compile(r'^prediction_model_info\{kind="(\w+)",pid="(\d+)",version="([^"]+)"\} 1\.0$', re.M)
+_MODEL_SEQUENCE = re.compile(r'^prediction_model_sequence\{pid="(\d+)"\} ([0-9.]+)$', re.M)
 
 
-def worker_versions(url: str) -> dict[int, str]:
-    """Each live worker's served version, from one /metrics scrape (multiprocess gauges)."""
+def worker_versions(url: str) -> dict[int, int]:
+    """Each live worker's served version (its sequence number), from one /metrics scrape."""
     text = httpx.get(f"{url}/metrics", timeout=5).text
-    return {int(pid): version for _, pid, version in _MODEL_INFO.findall(text)}
+    return {int(pid): int(float(sequence)) for pid, sequence in _MODEL_SEQUENCE.findall(text)}
 
 
 def metric_total(url: str, name: str) -> float:
@@ -104,20 +104,20 @@ def server(store: ModelStore, tmp_path_factory: pytest.TempPathFactory) -> Itera
         assert code == 0, service.logs()[-3000:]
 
 
-def wait_all_workers(url: str, version: str, started: float) -> float:
-    """Seconds from ``started`` until every worker serves ``version`` (or the deadline passes)."""
+def wait_all_workers(url: str, sequence: int, started: float) -> float:
+    """Seconds from ``started`` until every worker serves version ``sequence`` (or a deadline passes)."""
     while time.monotonic() - started < SWITCH_DEADLINE_S + 3:
         versions = worker_versions(url)
-        if len(versions) == 2 and set(versions.values()) == {version}:
+        if len(versions) == 2 and set(versions.values()) == {sequence}:
             return time.monotonic() - started
         time.sleep(0.02)
-    raise AssertionError(f"workers still serve {worker_versions(url)}, expected {version}")
+    raise AssertionError(f"workers still serve {worker_versions(url)}, expected {sequence}")
 
 
 def test_two_workers_switch_to_each_new_version_within_the_deadline_under_load(
     server: RunningService, store: ModelStore
 ) -> None:
-    assert set(worker_versions(server.url).values()) == {"builtin-prior"}
+    assert set(worker_versions(server.url).values()) == {0}  # the built-in prior
     models = [train_models(seed) for seed in (1, 2, 3)]  # trained up front: publishing is the event
     published, switch_s = [], []
     with Hammer(server.url) as hammer:
@@ -126,7 +126,7 @@ def test_two_workers_switch_to_each_new_version_within_the_deadline_under_load(
             manifest = store.publish("trained", files, objective="quantile", quantile=0.9)
             published.append(manifest.version)
             started = time.monotonic()
-            switch_s.append(wait_all_workers(server.url, manifest.version, started))
+            switch_s.append(wait_all_workers(server.url, manifest.sequence, started))
             assert switch_s[-1] <= SWITCH_DEADLINE_S, f"{manifest.version} took {switch_s[-1]:.2f}s"
             # Every connection, whichever worker accepts it, now answers with the new version.
             seen: dict[int, str] = {}
@@ -150,6 +150,7 @@ def test_a_corrupt_version_is_refused_by_every_worker_and_the_previous_keeps_ser
 ) -> None:
     serving = set(worker_versions(server.url).values())
     assert len(serving) == 1
+    serving_name = httpx.get(f"{server.url}/status", timeout=5).json()["model_version"]
     refused_before = metric_total(server.url, "prediction_refused_versions_total")
     with Hammer(server.url, threads=1) as hammer:
         bad = publish_corrupt(store, seed=9)
@@ -160,7 +161,7 @@ def test_a_corrupt_version_is_refused_by_every_worker_and_the_previous_keeps_ser
         time.sleep(0.6)  # a few more polls: the refusal is remembered, not repeated
     assert metric_total(server.url, "prediction_refused_versions_total") == refused_before + 2
     assert set(worker_versions(server.url).values()) == serving
-    assert hammer.errors == [] and hammer.versions == serving
+    assert hammer.errors == [] and hammer.versions == {serving_name}
     status = httpx.get(f"{server.url}/status", timeout=5).json()
     assert bad.version in status["refused_versions"]
     assert "checksum mismatch" in status["refused_versions"][bad.version]

@@ -284,7 +284,8 @@ async def test_metrics_count_requests_rows_errors_and_the_served_version(
     assert 'prediction_errors_total{kind="invalid_input"}' in text
     assert 'prediction_rows_per_call_bucket{endpoint="predict_bulk_strict",le="10.0"}' in text
     assert 'prediction_request_duration_seconds_count{endpoint="predict_bulk_strict"}' in text
-    assert f'prediction_model_info{{kind="trained",version="{store[1].version}"}} 1.0' in text
+    assert f"prediction_model_sequence {float(store[1].sequence)}" in text
+    assert "prediction_model_is_prior 0.0" in text
     assert "prediction_model_age_seconds " in text
 
 
