@@ -53,9 +53,9 @@ class PredictionSettings(BaseSettings):
     cache_dir: Path | None = Field(
         default=None,
         description=(
-            "Directory where versions pulled from an HTTP store are kept (verified), so workers share one "
-            "download and a restart while the training server is down serves the last model. "
-            "Unset: keep pulled models in memory only."
+            "Directory where versions pulled from an HTTP store are kept after verification: a worker "
+            "finding a version there skips the download, and a restart while the training server is "
+            "down serves the last model. Unset: keep pulled models in memory only."
         ),
     )
     auth_token: SecretStr | None = Field(
