@@ -189,6 +189,10 @@ def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStac
         assert resp.status_code == 200, resp.text
         predictions = resp.json()["predictions"]
         assert len(predictions) == 2 and all(p["ttft_ms"] > 0 and p["model_version"] for p in predictions)
+        # The container health check (compose.yaml) against live and dead endpoints.
+        for url, expected in [(prediction_url + "/readyz", 0), (training_url + "/nope", 1)]:
+            probe = [sys.executable, "-m", "stack.healthcheck", url]
+            assert subprocess.run(probe, cwd=REPO_ROOT, timeout=30).returncode == expected, url
         entry = {**ROW, "actual_ttft_ms": 80.0, "actual_tpot_ms": 12.0}
         resp = client.post(training_url + "/add_training_data_bulk", json={"entries": [entry]})
         assert resp.status_code == 202
