@@ -24,10 +24,11 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -48,6 +49,7 @@ from shared.errors import ArtifactError
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_REMEMBERED_REFUSALS = 64
 STARTUP_STORE_BUDGET_S = 2.0
@@ -290,10 +292,7 @@ class StoreWatcher:
         A store that is slow to answer does not hold up readiness: after ``STARTUP_STORE_BUDGET_S``
         the prior (or the cached version) serves, and the next poll picks the store's version up.
         """
-        try:
-            await asyncio.wait_for(self.check(), min(self.settings.store_timeout_s, STARTUP_STORE_BUDGET_S))
-        except TimeoutError:
-            self._reachable(False, "no answer within the start-up budget")
+        await self.check(io_budget_s=min(self.settings.store_timeout_s, STARTUP_STORE_BUDGET_S))
         if self.current is None and isinstance(self.source, HttpSource) and not self.store_reachable:
             cached = await self.source.cached_current()
             if cached is not None:
@@ -317,22 +316,25 @@ class StoreWatcher:
         self.refused.clear()
         return await self.check()
 
-    async def check(self) -> bool:
-        """One poll: switch to the store's current version if it is new and passes the checks."""
+    async def check(self, io_budget_s: float | None = None) -> bool:
+        """One poll: switch to the store's current version if it is new and passes the checks.
+
+        ``io_budget_s`` bounds each read from the store (not the model build that may follow).
+        """
         if self.source is None:
             return False
         async with self._lock:
             self.last_check_monotonic = time.monotonic()
             version: str | None = None
             try:
-                version = await self.source.current_version()
+                version = await _within(self.source.current_version(), io_budget_s)
                 if version is None or version in self.refused:
                     self._reachable(True, None)
                     return False
                 if self.current is not None and version == self.current.version:
                     self._reachable(True, None)
                     return False
-                fetched = await self.source.fetch(version)
+                fetched = await _within(self.source.fetch(version), io_budget_s)
             except StoreUnavailable as exc:
                 self._reachable(False, str(exc))
                 return False
@@ -430,6 +432,15 @@ class StoreWatcher:
                 log_event(log, "store_poll_error", logging.ERROR, error=repr(exc))
             if self.current is not None:
                 self.metrics.refresh_age(_created_at_s(self.current.manifest))
+
+
+async def _within(awaitable: Awaitable[T], budget_s: float | None) -> T:
+    if budget_s is None:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, budget_s)
+    except TimeoutError:
+        raise StoreUnavailable(f"no answer within {budget_s:g} s") from None
 
 
 def _build_predictor(fetched: Fetched) -> Predictor:
