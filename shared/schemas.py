@@ -214,7 +214,7 @@ def parse_training_entries(
     cache: dict[str, float] = {}
     for i, entry in enumerate(entries):
         value = entry.get("timestamp")
-        if value is None or value in ZERO_TIMESTAMPS:
+        if value is None or (type(value) is str and value in ZERO_TIMESTAMPS):
             continue
         parsed = cache.get(value) if isinstance(value, str) else None
         if parsed is None:
