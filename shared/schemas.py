@@ -173,7 +173,7 @@ def _parse_valid_fast(rows: Sequence[dict[str, Any]], fields: Sequence[FieldSpec
     for spec in fields:
         if spec.kind == "pod_type":
             values = [row.get(spec.name) for row in rows]
-            if not set(values) <= {"", None}:
+            if not _only_defaults(values):
                 errors = _Errors()
                 columns[spec.name] = _parse_pod_type(values, spec, lambda i: [], errors)
                 if errors.total:
@@ -344,7 +344,7 @@ def _parse_column(
 
 def _parse_pod_type(values: list[Any], spec: FieldSpec, where: Any, errors: _Errors) -> np.ndarray:
     codes = np.zeros(len(values), dtype=np.float64)
-    if set(values) <= {"", None}:
+    if _only_defaults(values):
         return codes
     for i, value in enumerate(values):
         code = 0 if value is None else POD_TYPE_CODES.get(value) if isinstance(value, str) else None
@@ -353,6 +353,14 @@ def _parse_pod_type(values: list[Any], spec: FieldSpec, where: Any, errors: _Err
         else:
             codes[i] = code
     return codes
+
+
+def _only_defaults(values: list[Any]) -> bool:
+    """Every value is "" or None; an unhashable value (a list, an object) is simply not (no TypeError)."""
+    try:
+        return set(values) <= {"", None}
+    except TypeError:
+        return False
 
 
 def _noun(spec: FieldSpec) -> str:

@@ -133,6 +133,7 @@ def test_timestamps_and_optional_fields_are_honoured(client: TestClient) -> None
         (lambda e: e[9].pop("prefix_cache_score"), 9, "prefix_cache_score", "missing"),
         (lambda e: e[2].update(num_request_running="many"), 2, "num_request_running", "int_type"),
         (lambda e: e[5].update(pod_type="gpu"), 5, "pod_type", "enum"),
+        (lambda e: e[1].update(pod_type=["decode"]), 1, "pod_type", "enum"),  # was a 500
         (lambda e: e[4].update(actual_ttft_ms=-3.0), 4, "actual_ttft_ms", "greater_than_equal"),
         (lambda e: e[6].update(timestamp="yesterday"), 6, "timestamp", "datetime_parsing"),
     ],
