@@ -40,6 +40,14 @@ def _lower_priority(nice: int) -> None:
         log_event(log, "trainer_nice_failed", logging.WARNING, error=repr(exc))
 
 
+def log_task_failure(task: asyncio.Task[None]) -> None:
+    """Done-callback for background tasks: a crash must be visible, not silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log_event(
+            log, "background_task_failed", logging.ERROR, task=task.get_name(), error=repr(task.exception())
+        )
+
+
 class RetrainScheduler:
     """Counts new samples, decides when to retrain, runs the trainer and records outcomes."""
 
@@ -82,6 +90,7 @@ class RetrainScheduler:
             1, "trainer", initializer=_lower_priority, initargs=(self.settings.trainer_nice,)
         )
         self._task = asyncio.create_task(self._run_forever(), name="retrain-scheduler")
+        self._task.add_done_callback(log_task_failure)
 
     async def stop(self) -> None:
         self.trainer.stop.set()  # a running fit ends after its current boosting round

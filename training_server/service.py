@@ -27,7 +27,7 @@ from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
 from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
-from training_server.scheduler import RetrainScheduler
+from training_server.scheduler import RetrainScheduler, log_task_failure
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
 
@@ -75,6 +75,7 @@ class TrainingService:
         if restored and (manifest.kind == "prior" or not self._matches_settings(manifest)):
             await self.scheduler.request(wait=False)  # a restored window can replace the prior now
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="window-maintenance")
+        self._maintenance.add_done_callback(log_task_failure)
         log_event(log, "training_server_started", window_samples=restored, version=manifest.version)
 
     async def stop(self) -> None:
