@@ -153,11 +153,7 @@ class Batcher:
     def submit(self, rows: list[Any], deadline: float) -> list[Ticket]:
         """Queue ``rows`` (already validated) for prediction; raise ``Overloaded`` when the queue is full."""
         n = len(rows)
-        if self.queued_rows and self.queued_rows + n > self.max_queued_rows:
-            raise Overloaded(
-                f"overloaded: {self.queued_rows} rows already waiting (limit {self.max_queued_rows})",
-                retry_after_s=1.0,
-            )
+        self.check_admission(n)
         if not self._pool.replicas:
             raise UpstreamUnavailable("no prediction replica is known (check --prediction-urls/-dns)")
         loop = self._loop or asyncio.get_running_loop()
@@ -175,6 +171,14 @@ class Batcher:
         if was_idle or self.queued_rows >= cap:
             self._wake()
         return tickets
+
+    def check_admission(self, rows: int) -> None:
+        """Raise ``Overloaded`` if ``rows`` more would overfill the queue (an empty queue takes anyone)."""
+        if self.queued_rows and self.queued_rows + rows > self.max_queued_rows:
+            raise Overloaded(
+                f"overloaded: {self.queued_rows} rows already waiting (limit {self.max_queued_rows})",
+                retry_after_s=1.0,
+            )
 
     def abandon(self, ticket: Ticket, reason: str = "abandoned", exc: ServiceError | None = None) -> None:
         """The caller is gone: drop its ticket (if it has not left yet, it never will).

@@ -39,6 +39,11 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
     strict_calls, single_calls, bulk_calls = (calls.labels(e) for e in ("bulk_strict", "single", "bulk"))
     row_counter = rt.metrics.rows
 
+    def admit(n: int) -> None:
+        # Shed load before spending CPU on validation (submit checks again).
+        assert rt.batcher is not None
+        rt.batcher.check_admission(n)
+
     async def predict_rows(request: Request, rows: list[Any], started: float) -> list[Any]:
         batcher = rt.batcher
         assert batcher is not None
@@ -50,6 +55,7 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
         started = time.monotonic()
         strict_calls.inc()
         rows = require_list(loads(await read_body(request, max_body)), "requests")
+        admit(len(rows))
         parse_rows(rows)
         predictions = await predict_rows(request, rows, started)
         n = len(predictions)
@@ -67,6 +73,7 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
         started = time.monotonic()
         single_calls.inc()
         row = loads(await read_body(request, max_body))
+        admit(1)
         parse_row(row)
         predictions = await predict_rows(request, [row], started)
         return json_response(predictions[0])
@@ -75,6 +82,7 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
         started = time.monotonic()
         bulk_calls.inc()
         items = require_list(loads(await read_body(request, max_body)), "requests")
+        admit(len(items))
         invalid = invalid_items(items)
         valid = [i for i in range(len(items)) if i not in invalid]
         predictions: list[Any] = [None] * len(items)
@@ -191,18 +199,19 @@ def _deadline_s(request: Request, default_s: float) -> float:
     return default_s
 
 
-def invalid_items(items: list[Any]) -> dict[int, str]:
-    """Index -> error message of every invalid row, found by bisection (valid halves cost one check)."""
-    invalid: dict[int, str] = {}
+def invalid_items(items: list[Any]) -> dict[int, list[dict[str, Any]]]:
+    """Index -> error items of every invalid row, found by bisection (a valid half costs one check).
+
+    Error items are located at ``body.requests.<index>.<field>``, as the prediction server does.
+    """
+    invalid: dict[int, list[dict[str, Any]]] = {}
 
     def check(lo: int, hi: int) -> None:
         try:
             parse_rows(items[lo:hi], loc=())
         except InvalidInput as exc:
             if hi - lo == 1:
-                invalid[lo] = "; ".join(
-                    f"{'.'.join(str(p) for p in err['loc'][1:]) or 'row'}: {err['msg']}" for err in exc.errors
-                )
+                invalid[lo] = [{**e, "loc": ["body", "requests", lo, *e["loc"][1:]]} for e in exc.errors]
             else:
                 mid = (lo + hi) // 2
                 check(lo, mid)
@@ -210,6 +219,10 @@ def invalid_items(items: list[Any]) -> dict[int, str]:
 
     check(0, len(items))
     return invalid
+
+
+def _describe(errors: list[dict[str, Any]]) -> str:
+    return "; ".join(f"{e['loc'][3]}: {e['msg']}" if len(e["loc"]) > 3 else str(e["msg"]) for e in errors)
 
 
 async def _fan_out(rt: Runtime, method: str, path: str) -> list[dict[str, Any]]:

@@ -5,18 +5,23 @@ with valid wire shapes. Its predictions are a function of each row (``ttft_ms =
 input_token_length + 0.5``, ``tpot_ms = num_request_waiting + 0.25``), so a test can tell whether
 every caller got *its own* rows' predictions back, in order. Knobs (``POST /_control``) inject
 what real replicas do only rarely: a fixed or random delay (random delays complete concurrent
-calls out of order), failures (HTTP 500, 503 "Models not ready", a dropped connection, a hang)
+calls out of order), failures (HTTP 500, 503 "Models not ready", a dropped connection, a hang,
+an answer one prediction short)
 for every call or the next N calls, and not-ready. ``GET /_counters`` tells how many calls and
 rows arrived, the largest batch and the most calls in flight at once.
 
-It is a fake only for fault injection; tests of normal behaviour use the real prediction server.
+It also takes ``POST /add_training_data_bulk`` (counting samples, answering ``training_status``)
+so relay faults (429, 5xx) can be injected. It is a fake only for fault injection; tests of normal
+behaviour use the real prediction and training servers.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,14 +37,18 @@ class Knobs:
     def __init__(self) -> None:
         self.delay_ms = 0.0
         self.jitter_ms = 0.0
-        self.fail = "none"  # none | 500 | 503 | close | hang
+        self.fail = "none"  # none | 500 | 503 | close | hang | short
         self.fail_next = 0  # >0: only the next N calls fail (then back to normal)
         self.ready = True
         self.calls = 0
         self.rows = 0
         self.max_rows = 0
+        self.batch_sizes: list[int] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.training_status = 202  # what POST /add_training_data_bulk answers
+        self.samples = 0  # training samples accepted (answered 202)
+        self.training_calls = 0
 
 
 def prediction(row: dict[str, Any], now: str) -> dict[str, Any]:
@@ -55,19 +64,39 @@ def prediction(row: dict[str, Any], now: str) -> dict[str, Any]:
     }
 
 
+def row(input_token_length: int, **extra: Any) -> dict[str, Any]:
+    """A valid prediction row; the fake predicts ``ttft_ms = input_token_length + 0.5``."""
+    return {
+        "kv_cache_percentage": 0.25,
+        "input_token_length": input_token_length,
+        "num_request_waiting": 1,
+        "num_request_running": 3,
+        "num_tokens_generated": 1,
+        "prefix_cache_score": 0.5,
+        **extra,
+    }
+
+
+def rows(n: int, start: int = 0) -> list[dict[str, Any]]:
+    return [row(start + i) for i in range(n)]
+
+
 def create_app() -> FastAPI:
+    """The fake replica; its knobs and counters are ``app.state.knobs`` (or ``/_control``, ``/_counters``)."""
     app = FastAPI()
     k = Knobs()
+    app.state.knobs = k
 
     def json(content: Any, status: int = 200) -> Response:
         return Response(orjson.dumps(content), status_code=status, media_type="application/json")
 
     @app.post("/predict/bulk/strict")
     async def strict(request: Request) -> Response:
-        rows = orjson.loads(await request.body())["requests"]
+        batch = orjson.loads(await request.body())["requests"]
         k.calls += 1
-        k.rows += len(rows)
-        k.max_rows = max(k.max_rows, len(rows))
+        k.rows += len(batch)
+        k.max_rows = max(k.max_rows, len(batch))
+        k.batch_sizes.append(len(batch))
         k.in_flight += 1
         k.max_in_flight = max(k.max_in_flight, k.in_flight)
         try:
@@ -91,7 +120,9 @@ def create_app() -> FastAPI:
             if fail == "hang":
                 await asyncio.sleep(3600)
             now = datetime.now(UTC).isoformat()
-            predictions = [prediction(row, now) for row in rows]
+            predictions = [prediction(r, now) for r in batch]
+            if fail == "short":  # a broken replica: one prediction missing
+                predictions = predictions[:-1]
             n = len(predictions)
             return json(
                 {
@@ -105,6 +136,20 @@ def create_app() -> FastAPI:
         finally:
             k.in_flight -= 1
 
+    @app.post("/add_training_data_bulk")
+    async def add_training_data_bulk(request: Request) -> Response:
+        entries = orjson.loads(await request.body())["entries"]
+        k.training_calls += 1
+        if k.training_status != 202:
+            return Response(
+                orjson.dumps({"detail": "injected"}),
+                status_code=k.training_status,
+                headers={"Retry-After": "0"} if k.training_status == 429 else None,
+                media_type="application/json",
+            )
+        k.samples += len(entries)
+        return json({"message": f"Accepted {len(entries)} training samples."}, 202)
+
     @app.post("/_control")
     async def control(request: Request) -> Response:
         for key, value in orjson.loads(await request.body()).items():
@@ -116,7 +161,14 @@ def create_app() -> FastAPI:
     @app.get("/_counters")
     async def counters() -> Response:
         return json(
-            {"calls": k.calls, "rows": k.rows, "max_rows": k.max_rows, "max_in_flight": k.max_in_flight}
+            {
+                "calls": k.calls,
+                "rows": k.rows,
+                "max_rows": k.max_rows,
+                "max_in_flight": k.max_in_flight,
+                "samples": k.samples,
+                "training_calls": k.training_calls,
+            }
         )
 
     @app.get("/healthz")
@@ -155,6 +207,34 @@ def _transport(request: Request) -> Any:
     receive = request.receive
     cycle = getattr(receive, "__self__", None)
     return getattr(cycle, "transport", None)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(app: Any) -> AsyncIterator[str]:
+    """Run ``app`` under uvicorn on a free loopback port in the current event loop; yields its URL."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+        )
+    )
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("server exited before starting")
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
 
 
 def main() -> None:
