@@ -98,8 +98,8 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
                 "failed_predictions": len(invalid),
                 "processing_time_ms": (time.monotonic() - started) * 1000.0,
                 "errors": [
-                    {"index": i, "error": message, "request": items[i]}
-                    for i, message in sorted(invalid.items())
+                    {"index": i, "error": _describe(errors), "request": items[i], "detail": errors}
+                    for i, errors in sorted(invalid.items())
                 ],
             }
         )

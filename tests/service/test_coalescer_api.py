@@ -1,0 +1,231 @@
+"""The rest of the coalescer's API in process: single and per-item bulk predictions, status,
+readiness, reload, metrics, and the sample relay endpoint (202, 422, 429, delivery through faults).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from coalescer.app import create_app
+from coalescer.config import CoalescerSettings
+from tests.fake_upstream import Knobs, row, rows, serve_in_loop
+from tests.fake_upstream import create_app as fake_replica
+
+TOKEN = "s3cret"
+
+
+@contextlib.asynccontextmanager
+async def stack(replicas: int = 1, **settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, list[Knobs]]]:
+    """Fake replicas (the first also plays the training server) and a coalescer in front of them."""
+    async with contextlib.AsyncExitStack() as exits:
+        apps = [fake_replica() for _ in range(replicas)]
+        urls = [await exits.enter_async_context(serve_in_loop(app)) for app in apps]
+        settings.setdefault("training_url", urls[0])
+        base = await exits.enter_async_context(
+            serve_in_loop(create_app(CoalescerSettings(prediction_urls=urls, **settings)))
+        )
+        client = await exits.enter_async_context(httpx.AsyncClient(base_url=base, timeout=10.0))
+        yield client, [app.state.knobs for app in apps]
+
+
+async def eventually(check: Any, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def entry(i: int, **extra: Any) -> dict[str, Any]:
+    return {**row(i), "actual_ttft_ms": 100.0 + i, "actual_tpot_ms": 10.0, **extra}
+
+
+async def test_single_prediction_has_the_wire_shape() -> None:
+    async with stack() as (client, _):
+        response = await client.post("/predict", json=row(41))
+        assert response.status_code == 200
+        p = response.json()
+        assert p["ttft_ms"] == 41.5
+        assert p["model_type"] == "xgboost"
+        assert p["predicted_at"].endswith(("Z", "+00:00"))
+        assert p["model_version"] == "fake-1"
+        bad = await client.post("/predict", json={**row(1), "num_request_waiting": -1})
+        assert bad.status_code == 422
+        assert bad.json()["detail"][0]["loc"] == ["body", "num_request_waiting"]
+
+
+async def test_bulk_reports_invalid_items_and_predicts_the_rest() -> None:
+    async with stack() as (client, (k,)):
+        items = [row(1), {**row(2), "kv_cache_percentage": 2.0}, row(3), "nope", {**row(5), "pod_type": "x"}]
+        body = (await client.post("/predict/bulk", json={"requests": items})).json()
+        assert [p and p["ttft_ms"] for p in body["predictions"]] == [1.5, None, 3.5, None, None]
+        assert (body["total_requests"], body["successful_predictions"], body["failed_predictions"]) == (
+            5,
+            2,
+            3,
+        )
+        errors = {e["index"]: e for e in body["errors"]}
+        assert sorted(errors) == [1, 3, 4]
+        assert errors[1]["error"].startswith("kv_cache_percentage:")
+        assert errors[1]["detail"][0]["loc"] == ["body", "requests", 1, "kv_cache_percentage"]
+        assert errors[3]["request"] == "nope"
+        assert errors[4]["detail"][0]["loc"] == ["body", "requests", 4, "pod_type"]
+        assert k.rows == 2
+        # Many bad items: every one is found, and nothing is sent upstream when none is valid.
+        many = [{**row(i), "input_token_length": -1} for i in range(300)]
+        body = (await client.post("/predict/bulk", json={"requests": many})).json()
+        assert body["failed_predictions"] == 300 and len(body["errors"]) == 300
+        assert k.rows == 2
+        assert (await client.post("/predict/bulk", json={"requests": "x"})).status_code == 422
+
+
+async def test_status_aggregates_replicas_and_adds_the_coalescer_numbers() -> None:
+    async with stack(replicas=2) as (client, (first, _)):
+        first.ready = False
+        status = (await client.get("/status")).json()
+        assert status["is_ready"] is True  # one ready replica is enough
+        assert status["model_type"] == "xgboost"
+        assert status["models_exist"] == {"ttft": True, "tpot": True}
+        assert isinstance(status["training_server_url"], str)
+        replicas = status["coalescer"]["replicas"]
+        assert [r["is_ready"] for r in replicas] == [False, True]
+        assert status["coalescer"]["queued_rows"] == 0
+        assert status["relay"]["buffered_samples"] == 0
+
+
+async def test_readyz_follows_the_replicas() -> None:
+    async with stack(probe_interval_s=0.05, eject_cooldown_s=0.1) as (client, (k,)):
+        await eventually(lambda: _status_is(client, "/readyz", 200))
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        k.ready = False
+        assert (await client.post("/predict/bulk/strict", json={"requests": rows(1)})).status_code == 503
+        await eventually(lambda: _status_is(client, "/readyz", 503))
+        k.ready = True
+        await eventually(lambda: _status_is(client, "/readyz", 200))
+
+
+async def _status_is(client: httpx.AsyncClient, path: str, code: int) -> bool:
+    return (await client.get(path)).status_code == code
+
+
+async def test_reload_needs_the_token_and_fans_out() -> None:
+    async with stack(replicas=2, auth_token=TOKEN) as (client, _):
+        assert (await client.post("/reload")).status_code == 401
+        response = await client.post("/reload", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert response.status_code == 200
+        assert [r["ok"] for r in response.json()["replicas"]] == [True, True]
+
+
+async def test_metrics_expose_the_coalescer_numbers() -> None:
+    async with stack() as (client, _):
+        await client.post("/predict/bulk/strict", json={"requests": rows(3)})
+        text = (await client.get("/metrics")).text
+        for name in (
+            "coalescer_queue_rows",
+            "coalescer_inflight_calls",
+            "coalescer_queue_wait_seconds_bucket",
+            "coalescer_batch_rows_sum 3.0",
+            "coalescer_batch_callers_count 1.0",
+            "coalescer_replica_healthy{",
+            "coalescer_replica_outstanding_rows{",
+            "coalescer_relay_rate",
+            "coalescer_relay_buffer_samples",
+        ):
+            assert name in text, name
+
+
+async def test_samples_are_accepted_with_exactly_202_and_relayed() -> None:
+    async with stack() as (client, (trainer,)):
+        response = await client.post(
+            "/add_training_data_bulk", json={"entries": [entry(i) for i in range(7)]}
+        )
+        assert response.status_code == 202
+        assert response.json() == {"message": "Accepted 7 training samples."}
+        await eventually(lambda: _samples(trainer, 7))
+
+
+async def _samples(trainer: Knobs, n: int) -> bool:
+    return trainer.samples == n
+
+
+async def test_invalid_samples_get_a_precise_422_and_nothing_is_relayed() -> None:
+    async with stack() as (client, (trainer,)):
+        entries = [entry(0), entry(1, actual_ttft_ms=float("nan"))]
+        response = await client.post(
+            "/add_training_data_bulk",
+            content=b'{"entries": [' + b",".join(_json(e) for e in entries) + b"]}",
+        )
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["type"] == "json_invalid"  # NaN is not JSON
+        response = await client.post(
+            "/add_training_data_bulk", json={"entries": [entry(0), entry(1, actual_ttft_ms=-3.0)]}
+        )
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["loc"] == ["body", "entries", 1, "actual_ttft_ms"]
+        response = await client.post(
+            "/add_training_data_bulk", json={"entries": [entry(0, timestamp="yesterday")]}
+        )
+        assert response.json()["detail"][0]["loc"] == ["body", "entries", 0, "timestamp"]
+        await asyncio.sleep(0.1)
+        assert trainer.training_calls == 0
+
+
+def _json(value: dict[str, Any]) -> bytes:
+    import json
+
+    return json.dumps(value).encode()  # the stdlib writes NaN, which is what a broken client sends
+
+
+async def test_a_full_relay_buffer_answers_429_and_takes_nothing() -> None:
+    async with stack(relay_buffer_samples=10, relay_max_rate=1.0, relay_min_rate=0.5) as (client, (trainer,)):
+        trainer.training_status = 503  # nothing drains
+        assert (
+            await client.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(8)]})
+        ).status_code == 202
+        full = await client.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(3)]})
+        assert full.status_code == 429
+        assert int(full.headers["retry-after"]) >= 1
+        trainer.training_status = 202
+        await eventually(lambda: _samples(trainer, 8))
+        assert (
+            await client.post("/add_training_data_bulk", json={"entries": [entry(i) for i in range(3)]})
+        ).status_code == 202
+
+
+async def test_samples_wait_out_training_server_errors_and_arrive_once() -> None:
+    async with stack(relay_batch_samples=50) as (client, (trainer,)):
+        trainer.training_status = 503
+        for b in range(10):
+            response = await client.post(
+                "/add_training_data_bulk", json={"entries": [entry(100 * b + i) for i in range(30)]}
+            )
+            assert response.status_code == 202
+        await asyncio.sleep(0.3)
+        assert trainer.samples == 0
+        status = (await client.get("/status")).json()["relay"]
+        assert status["buffered_samples"] == 300
+        assert status["rate_batches_per_s"] < 100.0  # backed off
+        trainer.training_status = 429
+        await asyncio.sleep(0.2)
+        trainer.training_status = 202
+        await eventually(lambda: _samples(trainer, 300))
+        await asyncio.sleep(0.2)
+        assert trainer.samples == 300
+        text = (await client.get("/metrics")).text
+        assert "coalescer_relay_samples_relayed_total 300.0" in text
+        assert "coalescer_relay_samples_dropped_total" not in text or "} 0.0" in text
+
+
+async def test_ingestion_needs_the_token_when_one_is_set() -> None:
+    async with stack(auth_token=TOKEN) as (client, (trainer,)):
+        body = {"entries": [entry(1)]}
+        assert (await client.post("/add_training_data_bulk", json=body)).status_code == 401
+        ok = await client.post(
+            "/add_training_data_bulk", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert ok.status_code == 202
+        await eventually(lambda: _samples(trainer, 1))
