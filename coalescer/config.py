@@ -23,88 +23,105 @@ class CoalescerSettings(BaseSettings):
 
     model_config = settings_config("COALESCER_")
 
-    host: str = Field("127.0.0.1", description="Interface to listen on (loopback by default)")
-    port: int = Field(8080, ge=1, le=65535, description="TCP port to listen on")
+    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default)")
+    port: int = Field(default=8080, ge=1, le=65535, description="TCP port to listen on")
     prediction_urls: CommaList = Field(
         default_factory=list,
         description="Static prediction replicas, comma-separated base URLs (http://host:port)",
     )
     prediction_dns: str | None = Field(
-        None,
+        default=None,
         description="Discover replicas from a DNS name, NAME:PORT; every A/AAAA address becomes a replica "
         "(a Kubernetes headless service or a compose service name)",
     )
-    dns_refresh_s: float = Field(5.0, gt=0, description="How often the DNS name is re-resolved, seconds")
+    dns_refresh_s: float = Field(
+        default=5.0, gt=0, description="How often the DNS name is re-resolved, seconds"
+    )
     training_url: str | None = Field(
-        None, description="Training server base URL that samples are relayed to (unset: relay disabled)"
+        default=None,
+        description="Training server base URL that samples are relayed to (unset: relay disabled)",
     )
     batch_window_us: int = Field(
-        1000,
+        default=1000,
         ge=0,
         le=1_000_000,
         description="While every replica is busy, how long a batch collects callers, microseconds from "
         "its first arrival; an idle replica takes a batch at once",
     )
     max_batch_rows: int = Field(
-        2000, ge=1, le=MAX_BULK_ROWS, description="Row cap of one upstream call (the upstream limit is 10000)"
+        default=2000,
+        ge=1,
+        le=MAX_BULK_ROWS,
+        description="Row cap of one upstream call (the upstream limit is 10000)",
     )
     eager_inflight_per_replica: int = Field(
-        1,
+        default=1,
         ge=1,
         description="A batch leaves without waiting for its window while some replica has fewer calls in "
         "flight than this (set it to the replicas' worker processes)",
     )
     max_inflight_per_replica: int = Field(
-        4, ge=1, description="Hard cap on concurrent upstream calls per replica (the bulkhead)"
+        default=4, ge=1, description="Hard cap on concurrent upstream calls per replica (the bulkhead)"
     )
     max_queued_rows: int = Field(
-        20_000,
+        default=20_000,
         ge=1,
         description="Rows allowed to wait for an upstream slot; beyond it callers get an immediate 503",
     )
     deadline_ms: float = Field(
-        250.0,
+        default=250.0,
         gt=0,
         description="Default total deadline of a prediction call (queue wait, upstream call and one "
         "retry); a caller may ask for a shorter one with the X-Deadline-Ms header",
     )
     eject_cooldown_s: float = Field(
-        5.0, gt=0, description="How long a failed replica gets no traffic before it is probed back"
+        default=5.0, gt=0, description="How long a failed replica gets no traffic before it is probed back"
     )
     probe_interval_s: float = Field(
-        0.5, gt=0, description="How often ejected and not-yet-ready replicas are probed on /readyz"
+        default=0.5, gt=0, description="How often ejected and not-yet-ready replicas are probed on /readyz"
     )
     relay_buffer_samples: int = Field(
-        200_000, ge=1, description="Training samples held for the training server; beyond it senders get 429"
+        default=200_000,
+        ge=1,
+        description="Training samples held for the training server; beyond it senders get 429",
     )
     relay_batch_samples: int = Field(
-        MAX_RELAY_BATCH_SAMPLES,
+        default=MAX_RELAY_BATCH_SAMPLES,
         ge=1,
         le=MAX_RELAY_BATCH_SAMPLES,
         description="Samples per relayed bulk call (at most 1000)",
     )
-    relay_min_rate: float = Field(1.0, gt=0, description="Lowest relay send rate, batches per second")
-    relay_max_rate: float = Field(100.0, gt=0, description="Highest relay send rate, batches per second")
+    relay_min_rate: float = Field(default=1.0, gt=0, description="Lowest relay send rate, batches per second")
+    relay_max_rate: float = Field(
+        default=100.0, gt=0, description="Highest relay send rate, batches per second"
+    )
     relay_initial_rate: float | None = Field(
-        None, gt=0, description="Relay send rate at start, batches per second (default: the maximum)"
+        default=None, gt=0, description="Relay send rate at start, batches per second (default: the maximum)"
     )
     relay_aimd_step: float = Field(
-        1.0, gt=0, description="Additive increase of the relay rate per accepted batch, batches per second"
+        default=1.0,
+        gt=0,
+        description="Additive increase of the relay rate per accepted batch, batches per second",
     )
     relay_aimd_factor: float = Field(
-        0.8, gt=0, lt=1, description="Multiplicative decrease of the relay rate after a 429, 5xx or timeout"
+        default=0.8,
+        gt=0,
+        lt=1,
+        description="Multiplicative decrease of the relay rate after a 429, 5xx or timeout",
     )
-    relay_timeout_s: float = Field(5.0, gt=0, description="Timeout of one relayed bulk call, seconds")
+    relay_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one relayed bulk call, seconds")
     relay_drain_s: float = Field(
-        5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
+        default=5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
     )
     auth_token: SecretStr | None = Field(
-        None,
+        default=None,
         description="When set, /reload and /add_training_data_bulk require 'Authorization: Bearer <token>'; "
         "the token is also sent to replicas and the training server",
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level")
+    max_body_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes"
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
 
     @field_validator("prediction_urls")
     @classmethod
