@@ -31,10 +31,14 @@ Policies and their parameters:
     probability ``epsilon`` the preference is skipped (exploration: spreads hot prefixes so
     more pods get warm caches). Its draws come from ``random.Random(seed)``.
 
-``Admission(inner, margin_frac)``
+``Admission(inner, slack_frac)``
     Rejects (``Decision.pod is None``) a *sheddable* request with an SLO when no pod is
-    predicted to meet it; everything else goes to ``inner``. Without predictions nothing is
-    rejected: the fallback cannot tell.
+    predicted to meet it within a slack: every pod's predicted TTFT or TPOT exceeds its SLO
+    times (1 + ``slack_frac``). Predictions are a high quantile (p90 by default), so a
+    prediction just above the SLO still means a good chance of meeting it; with the spread of
+    LLM latencies, ``slack_frac=0.5`` is roughly "more likely to miss than to meet".
+    Everything else goes to ``inner``. Without predictions nothing is rejected: the fallback
+    cannot tell.
 """
 
 from __future__ import annotations
@@ -208,12 +212,12 @@ class Admission:
 
     uses_predictions = True
 
-    def __init__(self, inner: Policy, *, margin_frac: float = 0.0) -> None:
-        if not 0.0 <= margin_frac < 1.0:
-            raise ValueError("margin_frac must be in [0, 1)")
+    def __init__(self, inner: Policy, *, slack_frac: float = 0.0) -> None:
+        if slack_frac < 0:
+            raise ValueError("slack_frac must be >= 0")
         self.inner = inner
         self.name = f"{inner.name}+admission"
-        self.margin_frac = margin_frac
+        self.slack_frac = slack_frac
         self.rejected = 0
 
     def choose(
@@ -223,7 +227,7 @@ class Admission:
             request.sheddable
             and request.has_slo
             and predictions is not None
-            and not any(meets_slo(request, p, self.margin_frac) for p in predictions)
+            and not any(meets_slo(request, p, -self.slack_frac) for p in predictions)
         ):
             self.rejected += 1
             return Decision(None, self.name, True, "shed: no pod is predicted to meet the SLO")

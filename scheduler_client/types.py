@@ -59,7 +59,10 @@ class Decision:
 
 
 def meets_slo(request: RoutingRequest, prediction: Prediction, margin_frac: float = 0.0) -> bool:
-    """True if ``prediction`` is within every SLO of ``request``, shrunk by ``margin_frac``."""
+    """True if ``prediction`` is within every SLO of ``request`` times (1 - ``margin_frac``).
+
+    A positive margin demands headroom; a negative one tolerates predictions above the SLO.
+    """
     keep = 1.0 - margin_frac
     if request.ttft_slo_ms is not None and prediction.ttft_ms > request.ttft_slo_ms * keep:
         return False

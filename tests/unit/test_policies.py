@@ -244,3 +244,12 @@ def test_policy_with_a_softmax_picker_spreads_load_over_near_equal_pods() -> Non
     p = preds((100, 20), (105, 20), (400, 20))
     counts = Counter(policy.choose(NO_SLO, IDLE, p).pod for _ in range(1000))
     assert counts[0] > 300 and counts[1] > 300 and counts[2] < 5
+
+
+def test_admission_slack_tolerates_predictions_somewhat_above_the_slo() -> None:
+    near = preds((600, 45), (800, 55))  # best pod: TTFT 1.2x its SLO
+    request = RoutingRequest(500, 50, sheddable=True)
+    assert Admission(SloHeadroom("spread")).choose(request, IDLE[:2], near).pod is None
+    assert Admission(SloHeadroom("spread"), slack_frac=0.25).choose(request, IDLE[:2], near).pod == 0
+    far = preds((800, 45), (900, 55))  # 1.6x
+    assert Admission(SloHeadroom("spread"), slack_frac=0.5).choose(request, IDLE[:2], far).pod is None

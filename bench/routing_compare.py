@@ -1,0 +1,303 @@
+"""Does routing by predicted latency beat today's heuristics? One command, real services.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.routing_compare            # writes docs/benchmarks-routing.md + routing.png
+    .venv/bin/python -m bench.routing_compare --quick    # a small smoke run, prints only
+
+What it does:
+
+1. Starts a real training server and prediction server on loopback ports (``tests.procs``),
+   with automatic retraining off, so the benchmark decides when models change.
+2. Warm-up, on workloads with *different seeds* than the evaluation: routes them with the
+   heuristics and feeds every completed request to the training server (through
+   ``LatencyClient``'s sample feeder), retrains; then routes them again with the
+   predicted-latency policies on that model (so the model also sees the pod states those
+   policies create), feeds, retrains. Each retrain is ``POST /retrain?wait=true``; the training
+   server publishes a candidate only if it is not worse on held-out recent samples.
+3. Freezes the model: stops the training server. The prediction server keeps serving the
+   current version from the store; every prediction's ``model_version`` is checked.
+4. Evaluates every policy on every load with the same workload seed and pod pool, and writes
+   the tables and the plot.
+
+Predictions are asked with a generous per-call timeout (simulated time does not advance while
+a call is in flight, so the call's wall latency cannot change the outcome); any fallback
+decision is still counted and reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.routing_report import markdown_table, plot, summary_table
+from bench.routing_sim import RunResult, Scenario, run_policy, workload_config
+from scheduler_client import (
+    Admission,
+    ClientConfig,
+    CompositeHeuristic,
+    FeederConfig,
+    LatencyClient,
+    LeastKV,
+    LeastQueue,
+    LowestLatency,
+    Policy,
+    PrefixAffinity,
+    RandomPolicy,
+    SloHeadroom,
+)
+from tests.procs import RunningService, start_service
+
+REPO = Path(__file__).resolve().parent.parent
+PolicyFactory = Callable[[int], Policy]
+
+HEURISTICS: dict[str, PolicyFactory] = {
+    "random": lambda seed: RandomPolicy(seed=seed),
+    "least-queue": lambda seed: LeastQueue(seed=seed),
+    "least-kv": lambda seed: LeastKV(seed=seed),
+    "composite": lambda seed: CompositeHeuristic(seed=seed),
+}
+PREDICTED: dict[str, PolicyFactory] = {
+    "lowest-latency": lambda seed: LowestLatency(tpot_weight=10.0, seed=seed),
+    "slo-pack": lambda seed: SloHeadroom("pack", seed=seed),
+    "slo-spread": lambda seed: SloHeadroom("spread", seed=seed),
+    "prefix-affinity(slo-spread)": lambda seed: PrefixAffinity(
+        SloHeadroom("spread"),
+        threshold=0.5,
+        ttft_margin_ms=50.0,
+        ttft_margin_frac=0.25,
+        epsilon=0.05,
+        seed=seed,
+    ),
+    "slo-spread+admission": lambda seed: Admission(SloHeadroom("spread", seed=seed)),
+}
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    offered_rps: float  # realised mean arrival rate (see Scenario.offered_rps)
+    burstiness: float
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A request mix (``WorkloadConfig`` overrides) and the loads it is evaluated at."""
+
+    name: str
+    description: str
+    overrides: dict[str, Any]
+    loads: tuple[Load, ...]
+
+
+MIXES = (
+    Mix(
+        "chat",
+        "the simulator's default mix: prompts median 700 tokens (lognormal, sigma 1), outputs median "
+        "120; 64 prompt families (Zipf 1.1) with ~600-token shared prefixes, which all fit in every "
+        "pod's prefix cache",
+        {},
+        (
+            Load("low", 50.0, 0.3),
+            Load("medium", 75.0, 0.3),
+            Load("high", 90.0, 0.3),
+            Load("bursty near-saturation", 90.0, 0.6),
+        ),
+    ),
+    Mix(
+        "prefix-heavy",
+        "long shared prefixes (RAG, agents, long system prompts): prompts median 2000 tokens "
+        "(sigma 0.6), 256 families (Zipf 1.0) with ~1500-token prefixes shared by 90% of requests; "
+        "the families' prefixes add up to ~8x one pod's prefix cache",
+        {
+            "num_families": 256,
+            "family_zipf_s": 1.0,
+            "family_prefix_median_tokens": 1500.0,
+            "prompt_median_tokens": 2000.0,
+            "prompt_sigma": 0.6,
+            "shared_prefix_prob": 0.9,
+        },
+        (
+            Load("low", 20.0, 0.3),
+            Load("medium", 30.0, 0.3),
+            Load("high", 40.0, 0.3),
+            Load("bursty near-saturation", 40.0, 0.6),
+        ),
+    ),
+)
+NOMINAL_RPS = 100.0  # each stream is generated at this rate, then scaled to each load
+
+
+def scenarios(seed: int, num_requests: int, mixes: Sequence[Mix] = MIXES) -> list[Scenario]:
+    """One scenario per (mix, load); the loads of a mix with the same burstiness share one sequence."""
+    out = []
+    for mix in mixes:
+        for load in mix.loads:
+            base = workload_config(
+                NOMINAL_RPS, burstiness=load.burstiness, seed=seed, num_requests=num_requests
+            )
+            out.append(
+                Scenario(
+                    f"{mix.name} / {load.name}",
+                    dataclasses.replace(base, **mix.overrides),
+                    cluster_seed=seed,
+                    offered_rps=load.offered_rps,
+                )
+            )
+    return out
+
+
+async def _route_and_feed(
+    prediction_url: str, training_url: str, runs: Sequence[tuple[Scenario, Policy]]
+) -> list[RunResult]:
+    cfg = ClientConfig(predict_timeout_s=5.0, feeder=FeederConfig(max_buffered=1_000_000))
+    async with LatencyClient(prediction_url, training_url, cfg) as client:
+        results = []
+        for scenario, policy in runs:
+            results.append(await run_policy(scenario, policy, client, feed=client))
+        if not await client.flush_samples(120.0):
+            raise RuntimeError("samples were not delivered within 120 s")
+        assert client.feeder is not None
+        counters = client.feeder.counters
+        print(
+            f"  fed {counters.sent} samples (dropped {counters.dropped_buffer_full}, "
+            f"rejected {counters.rejected_invalid}, throttled {counters.throttled})"
+        )
+    return results
+
+
+def _retrain(training: RunningService, prediction: RunningService) -> str:
+    """Retrain now and wait until the prediction server serves the current version; return it."""
+    with httpx.Client(timeout=600.0) as http:
+        deadline = time.monotonic() + 60
+        while http.get(training.url + "/status").json()["intake"]["pending_samples"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("training intake did not drain")
+            time.sleep(0.2)
+        outcome = http.post(training.url + "/retrain", params={"wait": "true"}).json()
+        status = http.get(training.url + "/status").json()
+        version = status["current_version"]
+        print(f"  retrain: {outcome['outcome']} ({outcome.get('detail')}); current version {version}")
+        deadline = time.monotonic() + 30
+        while http.get(prediction.url + "/status").json().get("model_version") != version:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prediction server did not switch to {version}")
+            time.sleep(0.2)
+    return str(version)
+
+
+async def _evaluate(
+    prediction_url: str, evals: Sequence[Scenario], seed: int, concurrency: int
+) -> list[RunResult]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(scenario: Scenario, name: str, factory: PolicyFactory) -> RunResult:
+        async with gate:
+            policy = factory(seed)
+            started = time.perf_counter()
+            if not policy.uses_predictions:
+                result = await run_policy(scenario, policy)
+            else:
+                async with LatencyClient(prediction_url, config=ClientConfig(predict_timeout_s=5.0)) as c:
+                    result = await run_policy(scenario, policy, c)
+            result.policy = name
+            print(
+                f"  {scenario.name:>24} {name:<28} attainment {100 * result.attainment:5.1f}%  "
+                f"({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+            return result
+
+    jobs = [one(s, n, f) for s in evals for n, f in (HEURISTICS | PREDICTED).items()]
+    return list(await asyncio.gather(*jobs))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=12_000, help="requests per evaluation run")
+    parser.add_argument("--warmup-requests", type=int, default=10_000, help="requests per warm-up run")
+    parser.add_argument("--seed", type=int, default=7, help="evaluation workload/pool seed")
+    parser.add_argument("--warmup-seed", type=int, default=1001)
+    parser.add_argument("--workers", type=int, default=2, help="prediction server worker processes")
+    parser.add_argument("--concurrency", type=int, default=4, help="evaluation runs in flight")
+    parser.add_argument("--quick", action="store_true", help="small smoke run; prints, writes nothing")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks-routing.md")
+    parser.add_argument("--plot", type=Path, default=REPO / "docs" / "routing.png")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.warmup_requests = 2000, 2000
+    started = time.perf_counter()
+    evals = scenarios(args.seed, args.requests)
+    warmups = scenarios(args.warmup_seed, args.warmup_requests)
+    with tempfile.TemporaryDirectory(prefix="routing-bench-") as tmp:
+        data, logs = Path(tmp) / "training", Path(tmp) / "logs"
+        training = start_service(
+            "training_server",
+            ["--data-dir", str(data), "--retrain-interval-s", "1e9", "--min-new-samples", "100000000"],
+            log_dir=logs,
+        )
+        try:
+            prediction = start_service(
+                "prediction_server",
+                ["--store", str(data / "models"), "--workers", str(args.workers)],
+                log_dir=logs,
+                ready_path="/readyz",
+            )
+        except BaseException:
+            training.stop()
+            raise
+        with training, prediction:
+            print("warm-up 1: heuristics route the warm-up workloads; samples go to the training server")
+            heuristics = list(HEURISTICS.values())
+            runs = [(s, heuristics[i % len(heuristics)](args.warmup_seed)) for i, s in enumerate(warmups)]
+            asyncio.run(_route_and_feed(prediction.url, training.url, runs))
+            _retrain(training, prediction)
+            print("warm-up 2: predicted-latency policies route them again on that model")
+            predicted = list(PREDICTED.values())
+            runs = [(s, predicted[i % len(predicted)](args.warmup_seed)) for i, s in enumerate(warmups)]
+            asyncio.run(_route_and_feed(prediction.url, training.url, runs))
+            version = _retrain(training, prediction)
+            model_status = httpx.get(training.url + "/status", timeout=10).json()
+            training.stop()
+            print(f"model frozen at {version}; evaluating")
+            results = asyncio.run(_evaluate(prediction.url, evals, args.seed, args.concurrency))
+    for r in results:
+        if r.model_versions and set(r.model_versions) != {version}:
+            raise RuntimeError(f"{r.policy}@{r.scenario} saw versions {r.model_versions}, not only {version}")
+    offered = {s.name: s.offered_rps or 0.0 for s in evals}
+    summary = summary_table(results, set(HEURISTICS), offered)
+    print(summary)
+    if args.quick:
+        return
+    from bench.routing_docs import write_report
+
+    plot(results, set(HEURISTICS), args.plot)
+    write_report(
+        args.out,
+        args.plot,
+        summary=summary,
+        table=markdown_table(results, set(HEURISTICS)),
+        model_status=model_status,
+        version=version,
+        mixes=MIXES,
+        offered=offered,
+        argv=list(argv if argv is not None else sys.argv[1:]),
+        elapsed_s=time.perf_counter() - started,
+        requests=args.requests,
+        warmup_requests=args.warmup_requests,
+    )
+    print(f"wrote {args.out} and {args.plot} in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
