@@ -21,6 +21,7 @@ def main() -> None:
         http="httptools",
         log_config=None,
         access_log=False,
+        proxy_headers=False,  # nothing here uses the client address; skip the per-request middleware
         timeout_graceful_shutdown=max(5, round(settings.relay_drain_s) + 2),
     )
 

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from coalescer.batcher import Batcher
 from coalescer.config import CoalescerSettings
 from coalescer.metrics import CoalescerMetrics, ReplicaCollector, create_metrics, gauge_from
+from coalescer.predict import ASGIApp, PredictionEndpoints
 from coalescer.relay import AimdRate, SampleRelay
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.errors import ServiceError
@@ -57,23 +58,52 @@ def _report_exit(task: asyncio.Task[None]) -> None:
         )
 
 
-def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all) -> FastAPI:
+class CoalescerApp(FastAPI):
+    """FastAPI, except that POSTs to the prediction paths go straight to their raw ASGI handlers.
+
+    They skip the middleware stack and the router (see ``coalescer.predict``); everything else,
+    lifespan included, is plain FastAPI.
+    """
+
+    fast_paths: dict[str, ASGIApp]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = self.fast_paths.get(scope["path"])
+            if handler is not None:
+                await handler(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all) -> CoalescerApp:
     """Build the app; nothing runs until its lifespan starts (``resolver`` is injectable for tests)."""
     from coalescer.routes import build_routes  # routes import Runtime from here
 
     metrics = create_metrics()
     rt = Runtime(settings, metrics, resolver)
-    app = FastAPI(
+    app = CoalescerApp(
         title="coalescer",
         description="Batches scheduler prediction calls to prediction replicas; relays training samples.",
         lifespan=lambda _app: _lifespan(rt),
     )
     app.state.runtime = rt
-    app.router.routes.extend(build_routes(rt))
 
     def count_rejection(exc: ServiceError) -> None:
         metrics.rejections.labels(exc.reason).inc()
 
+    def batcher() -> Batcher:
+        assert rt.batcher is not None, "the lifespan has not started"
+        return rt.batcher
+
+    app.fast_paths = PredictionEndpoints(
+        batcher,
+        default_deadline_ms=settings.deadline_ms,
+        max_body_bytes=settings.max_body_bytes,
+        count_call=lambda name: metrics.callers.labels(name).inc,
+        on_error=count_rejection,
+    ).handlers()
+    app.router.routes.extend(build_routes(rt, app.fast_paths))
     install_error_handlers(app, on_error=count_rejection)
     return app
 

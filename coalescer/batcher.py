@@ -65,6 +65,11 @@ class Ticket:
         self.state = _QUEUED
         self.timer: asyncio.TimerHandle | None = None
 
+    @property
+    def waiting(self) -> bool:
+        """Still in the queue (not yet sent, not yet finished)."""
+        return self.state == _QUEUED
+
     def resolve(self, predictions: list[Any]) -> None:
         if self.state != _DONE:
             self._finish()

@@ -35,7 +35,6 @@ class ReplicaView(Protocol):
 class CoalescerMetrics:
     registry: CollectorRegistry
     callers: Counter
-    rows: Counter
     rejections: Counter
     queue_wait: Histogram
     batch_rows: Histogram
@@ -57,7 +56,6 @@ def create_metrics() -> CoalescerMetrics:
         callers=Counter(
             "coalescer_calls", "Prediction calls received, by endpoint", ["endpoint"], registry=registry
         ),
-        rows=Counter("coalescer_rows", "Valid prediction rows received", registry=registry),
         rejections=Counter(
             "coalescer_rejections",
             "Calls answered with an error, by reason (overloaded, deadline_exceeded, invalid_input, ...)",

@@ -1,16 +1,14 @@
-"""HTTP endpoints: the whole prediction API (wire-contract section 2) plus the sample relay (section 3).
+"""HTTP endpoints besides the prediction hot path: status, health, readiness, reload, metrics and
+the sample relay's ``POST /add_training_data_bulk`` (wire-contract section 3 semantics).
 
-The prediction endpoints are plain Starlette routes rather than FastAPI ones: they read and
-write raw bytes themselves, and FastAPI's per-request dependency machinery would cost about
-25 µs of the 300 µs the coalescer may add. Each caller's rows are validated here with
-``shared.schemas`` before they reach the batcher, so an invalid caller gets its own 422 and never
-shares a batch; the batcher only ever sees valid rows.
+``/status`` aggregates the replicas' own status (ready when any replica is) and adds the
+coalescer's numbers; ``/reload`` fans out to every replica. The prediction endpoints themselves
+are raw ASGI handlers in ``coalescer.predict``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,88 +19,19 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from coalescer.app import Runtime
-from coalescer.batcher import Batcher, ClientDisconnected, Ticket
-from shared.errors import InvalidInput, UpstreamUnavailable
+from coalescer.predict import ASGIApp
+from shared.errors import UpstreamUnavailable
 from shared.http import check_token, json_response, read_body
 from shared.metrics import metrics_response
-from shared.schemas import loads, parse_row, parse_rows, parse_training_entries, require_list
+from shared.schemas import loads, parse_training_entries, require_list
 
-DEADLINE_HEADER = b"x-deadline-ms"
 STATUS_TIMEOUT_S = 1.0
 
 
-def build_routes(rt: Runtime) -> list[BaseRoute]:
+def build_routes(rt: Runtime, prediction_handlers: dict[str, ASGIApp]) -> list[BaseRoute]:
+    """Every route of the app: the raw prediction handlers plus the status, admin and relay endpoints."""
     s = rt.settings
-    default_deadline_s = s.deadline_ms / 1000.0
     max_body = s.max_body_bytes
-    calls = rt.metrics.callers
-    strict_calls, single_calls, bulk_calls = (calls.labels(e) for e in ("bulk_strict", "single", "bulk"))
-    row_counter = rt.metrics.rows
-
-    def admit(n: int) -> None:
-        # Shed load before spending CPU on validation (submit checks again).
-        assert rt.batcher is not None
-        rt.batcher.check_admission(n)
-
-    async def predict_rows(request: Request, rows: list[Any], started: float) -> list[Any]:
-        batcher = rt.batcher
-        assert batcher is not None
-        row_counter.inc(len(rows))
-        deadline = started + _deadline_s(request, default_deadline_s)
-        return await _await_tickets(batcher, batcher.submit(rows, deadline), request)
-
-    async def predict_bulk_strict(request: Request) -> Response:
-        started = time.monotonic()
-        strict_calls.inc()
-        rows = require_list(loads(await read_body(request, max_body)), "requests")
-        admit(len(rows))
-        parse_rows(rows)
-        predictions = await predict_rows(request, rows, started)
-        n = len(predictions)
-        return json_response(
-            {
-                "predictions": predictions,
-                "total_requests": n,
-                "successful_predictions": n,
-                "failed_predictions": 0,
-                "processing_time_ms": (time.monotonic() - started) * 1000.0,
-            }
-        )
-
-    async def predict_one(request: Request) -> Response:
-        started = time.monotonic()
-        single_calls.inc()
-        row = loads(await read_body(request, max_body))
-        admit(1)
-        parse_row(row)
-        predictions = await predict_rows(request, [row], started)
-        return json_response(predictions[0])
-
-    async def predict_bulk(request: Request) -> Response:
-        started = time.monotonic()
-        bulk_calls.inc()
-        items = require_list(loads(await read_body(request, max_body)), "requests")
-        admit(len(items))
-        invalid = invalid_items(items)
-        valid = [i for i in range(len(items)) if i not in invalid]
-        predictions: list[Any] = [None] * len(items)
-        if valid:
-            answered = await predict_rows(request, [items[i] for i in valid], started)
-            for i, prediction in zip(valid, answered, strict=True):
-                predictions[i] = prediction
-        return json_response(
-            {
-                "predictions": predictions,
-                "total_requests": len(items),
-                "successful_predictions": len(valid),
-                "failed_predictions": len(invalid),
-                "processing_time_ms": (time.monotonic() - started) * 1000.0,
-                "errors": [
-                    {"index": i, "error": _describe(errors), "request": items[i], "detail": errors}
-                    for i, errors in sorted(invalid.items())
-                ],
-            }
-        )
 
     async def add_training_data_bulk(request: Request) -> Response:
         check_token(request, s.token)
@@ -139,9 +68,6 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
         return metrics_response(rt.metrics.registry)
 
     endpoints: list[tuple[str, Callable[[Request], Awaitable[Response]], str]] = [
-        ("/predict/bulk/strict", predict_bulk_strict, "POST"),
-        ("/predict/bulk", predict_bulk, "POST"),
-        ("/predict", predict_one, "POST"),
         ("/add_training_data_bulk", add_training_data_bulk, "POST"),
         ("/status", status, "GET"),
         ("/healthz", healthz, "GET"),
@@ -149,80 +75,12 @@ def build_routes(rt: Runtime) -> list[BaseRoute]:
         ("/reload", reload, "POST"),
         ("/metrics", metrics, "GET"),
     ]
-    return [Route(path, endpoint, methods=[method]) for path, endpoint, method in endpoints]
-
-
-async def _await_tickets(batcher: Batcher, tickets: list[Ticket], request: Request) -> list[Any]:
-    """Wait for the tickets' predictions; a client that disconnects meanwhile drops its tickets."""
-    watcher = asyncio.get_running_loop().create_task(_watch_disconnect(batcher, tickets, request))
-    try:
-        if len(tickets) == 1:
-            return await tickets[0].future
-        predictions: list[Any] = []
-        for ticket in tickets:
-            predictions.extend(await ticket.future)
-        return predictions
-    finally:
-        watcher.cancel()
-        for ticket in tickets:
-            batcher.abandon(ticket)
-
-
-async def _watch_disconnect(batcher: Batcher, tickets: list[Ticket], request: Request) -> None:
-    # The body has been read, so the next ASGI message can only be the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    for ticket in tickets:
-        batcher.abandon(ticket, "disconnected", ClientDisconnected("client disconnected"))
-
-
-def _deadline_s(request: Request, default_s: float) -> float:
-    """The default deadline, or the caller's shorter ``X-Deadline-Ms`` (a longer one is ignored)."""
-    for name, value in request.scope["headers"]:
-        if name == DEADLINE_HEADER:
-            try:
-                ms = float(value)
-            except ValueError:
-                ms = math.nan
-            if not math.isfinite(ms) or ms <= 0:
-                raise InvalidInput(
-                    [
-                        {
-                            "type": "greater_than",
-                            "loc": ["header", "x-deadline-ms"],
-                            "msg": "Input should be a positive number of milliseconds",
-                            "input": value.decode("latin-1"),
-                        }
-                    ]
-                )
-            return min(default_s, ms / 1000.0)
-    return default_s
-
-
-def invalid_items(items: list[Any]) -> dict[int, list[dict[str, Any]]]:
-    """Index -> error items of every invalid row, found by bisection (a valid half costs one check).
-
-    Error items are located at ``body.requests.<index>.<field>``, as the prediction server does.
-    """
-    invalid: dict[int, list[dict[str, Any]]] = {}
-
-    def check(lo: int, hi: int) -> None:
-        try:
-            parse_rows(items[lo:hi], loc=())
-        except InvalidInput as exc:
-            if hi - lo == 1:
-                invalid[lo] = [{**e, "loc": ["body", "requests", lo, *e["loc"][1:]]} for e in exc.errors]
-            else:
-                mid = (lo + hi) // 2
-                check(lo, mid)
-                check(mid, hi)
-
-    check(0, len(items))
-    return invalid
-
-
-def _describe(errors: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{e['loc'][3]}: {e['msg']}" if len(e["loc"]) > 3 else str(e["msg"]) for e in errors)
+    # The prediction handlers are raw ASGI apps; the app calls them before its middleware, and
+    # these routes make them answer 405 (not 404) to other methods.
+    predictions: list[BaseRoute] = [
+        Route(path, handler, methods=["POST"]) for path, handler in prediction_handlers.items()
+    ]
+    return predictions + [Route(path, endpoint, methods=[method]) for path, endpoint, method in endpoints]
 
 
 async def _fan_out(rt: Runtime, method: str, path: str) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from coalescer.config import CoalescerSettings
-from coalescer.routes import invalid_items
+from coalescer.predict import invalid_items
 from shared.config import settings_from_cli, settings_reference
 
 
