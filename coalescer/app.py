@@ -150,7 +150,6 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
             token=token,
         )
     _register_gauges(rt)
-    rt.spawn(batcher.run(), "dispatcher")
     rt.spawn(pool.run_prober(s.probe_interval_s), "prober")
     if s.prediction_dns:
         rt.spawn(pool.run_dns(s.prediction_dns, rt.resolver, s.dns_refresh_s), "dns_refresher")

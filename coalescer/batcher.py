@@ -1,7 +1,8 @@
 """Batching: callers carry futures, one dispatcher turns them into upstream batch calls.
 
-When a batch leaves (the dispatcher checks again on every arrival that matters, every finished
-call and every window expiry):
+The dispatcher is one synchronous routine (``Batcher._dispatch``), run on everything that can
+let a batch leave: an arrival, a finished call, a replica turning healthy, a retry, and the
+batch's window timer. A batch leaves:
 
 * at once, if some healthy replica has fewer than ``eager_inflight`` calls in flight: an idle
   system adds no wait;
@@ -145,10 +146,12 @@ class Batcher:
         self.queued_rows = 0
         self.inflight_calls = 0
         self.inflight_rows = 0
-        self._waiter: asyncio.Future[None] | None = None
+        self._dispatching = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        pool.add_listener(self._wake)
+        pool.add_listener(self._dispatch)
 
     @property
     def queued_callers(self) -> int:
@@ -161,7 +164,7 @@ class Batcher:
         self.check_admission(n)
         if not self._pool.replicas:
             raise UpstreamUnavailable("no prediction replica is known (check --prediction-urls/-dns)")
-        loop = self._loop or asyncio.get_running_loop()
+        loop = self._loop = self._loop or asyncio.get_running_loop()
         now = self._clock()
         cap = self.max_batch_rows
         parts = [rows] if n <= cap else [rows[i : i + cap] for i in range(0, n, cap)]
@@ -174,7 +177,7 @@ class Batcher:
         was_idle = self.queued_rows == 0
         self.queued_rows += n
         if was_idle or self.queued_rows >= cap:
-            self._wake()
+            self._dispatch()  # otherwise nothing changed for the batch already waiting
         return tickets
 
     def check_admission(self, rows: int) -> None:
@@ -210,32 +213,42 @@ class Batcher:
             self._metrics.dropped_callers.labels("deadline_exceeded").inc()
         ticket.fail(DeadlineExceeded("deadline exceeded before the prediction arrived"))
 
-    # dispatcher
-    async def run(self) -> None:
-        """Dispatch batches forever (the app's lifespan owns and cancels this task)."""
-        loop = self._loop = asyncio.get_running_loop()
-        while True:
-            try:
-                plan = self._plan()
-                if isinstance(plan, tuple):
-                    self._start(*plan)
-                    continue
-            except Exception as exc:  # never let the one dispatcher die; retry shortly
-                log_event(log, "dispatcher_error", logging.ERROR, error=repr(exc))
-                plan = 0.01
-            waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(plan, self._wake) if plan is not None else None
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-                if timer is not None:
-                    timer.cancel()
+    # the dispatcher
+    def _dispatch(self) -> None:
+        """Start every batch that may leave now; arm the window timer if one must wait.
 
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        Runs inline on whatever can let a batch leave (an arrival, a finished call, a replica
+        turning healthy, a retry) and on its own timer. It never awaits, so it cannot interleave
+        with itself, and running it inline rather than waking a task saves event-loop turns on
+        every call.
+        """
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            while isinstance(plan := self._plan(), tuple):
+                self._start(*plan)
+        except Exception as exc:  # a bug of ours: log it and look again shortly rather than stall
+            log_event(log, "dispatcher_error", logging.ERROR, error=repr(exc))
+            plan = 0.01
+        finally:
+            self._dispatching = False
+        if plan is not None:
+            self._arm(plan)
+
+    def _arm(self, wait_s: float) -> None:
+        due = self._clock() + wait_s
+        if self._timer is not None:
+            if self._timer_due <= due:
+                return  # an earlier wake-up is already armed
+            self._timer.cancel()
+        self._loop = self._loop or asyncio.get_running_loop()
+        self._timer_due = due
+        self._timer = self._loop.call_later(wait_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._dispatch()
 
     def _plan(self) -> tuple[_Batch, Replica] | float | None:
         """The next batch and its replica, or how long to wait (``None``: until something changes)."""
@@ -296,7 +309,7 @@ class Batcher:
         self._pool.acquire(replica, rows)
         self.inflight_calls += 1
         self.inflight_rows += rows
-        assert self._loop is not None
+        self._loop = self._loop or asyncio.get_running_loop()
         task = self._loop.create_task(self._send(batch, replica, rows))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -349,7 +362,7 @@ class Batcher:
             batch.failed_on.append(replica)
             self._retries.append(batch)
             self._metrics.retries.inc()
-            self._wake()
+            self._dispatch()
         else:
             self._fail(batch, failure.caller_error)
 
@@ -359,6 +372,8 @@ class Batcher:
 
     async def close(self) -> None:
         """Fail whatever still waits and stop the calls in flight (shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
         gone = Overloaded("shutting down", retry_after_s=1.0)
         for ticket in self._queue:
             ticket.fail(gone)
