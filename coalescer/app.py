@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from fastapi import FastAPI
 
-from coalescer.batcher import Batcher
+from coalescer.batcher import SLOW_CALL_SHARE, Batcher
 from coalescer.config import CoalescerSettings
 from coalescer.metrics import CoalescerMetrics, ReplicaCollector, create_metrics, gauge_from
 from coalescer.predict import ASGIApp, PredictionEndpoints
@@ -127,6 +127,8 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
         window_s=s.batch_window_s,
         max_batch_rows=s.max_batch_rows,
         max_queued_rows=s.max_queued_rows,
+        max_wait_share=s.max_queue_wait_share,
+        slow_call_s=s.deadline_ms / 1000.0 * SLOW_CALL_SHARE,
         eager_inflight=s.eager_inflight_per_replica,
         max_inflight=s.max_inflight_per_replica,
         upstream_headers=f"Authorization: Bearer {token}\r\n" if token else "",

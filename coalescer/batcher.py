@@ -19,8 +19,9 @@ that fails too, every caller in it gets the error.
 
 Every ticket has a deadline timer: expiry resolves it with a 504 wherever it is. Expired and
 disconnected tickets are skipped when a batch is formed and pruned before a retry, and the rows
-waiting in the queue are bounded (``max_queued_rows``): beyond it ``submit`` raises ``Overloaded``
-at once, so shed load never reaches a replica.
+waiting in the queue are bounded (``max_queued_rows``), as is the queue's age relative to a
+newcomer's deadline (``max_wait_share``): beyond either, ``submit`` raises ``Overloaded`` at once,
+so shed load never reaches a replica and admitted callers can still meet their deadlines.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 UPSTREAM_PATH = "/predict/bulk/strict"
 # The first attempt may use this share of the time left, so a hung replica leaves room for the retry.
 FIRST_ATTEMPT_SHARE = 0.5
+# A timed-out call ejects its replica only if it was given at least this share of the default
+# deadline; one cut short by a caller's tighter X-Deadline-Ms says nothing about the replica.
+SLOW_CALL_SHARE = FIRST_ATTEMPT_SHARE * 0.8
 MIN_ATTEMPT_S = 0.001
 
 _QUEUED, _SENT, _DONE = 0, 1, 2
@@ -127,8 +131,10 @@ class Batcher:
         window_s: float,
         max_batch_rows: int,
         max_queued_rows: int,
+        max_wait_share: float = 0.5,
         eager_inflight: int,
         max_inflight: int,
+        slow_call_s: float = 0.1,
         upstream_headers: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -137,8 +143,10 @@ class Batcher:
         self.window_s = window_s
         self.max_batch_rows = max_batch_rows
         self.max_queued_rows = max_queued_rows
+        self.max_wait_share = max_wait_share
         self._eager = eager_inflight
         self._max_inflight = max_inflight
+        self.slow_call_s = slow_call_s  # a call timed out after this long ejects its replica
         self._headers = upstream_headers
         self._clock = clock
         self._queue: deque[Ticket] = deque()
@@ -161,7 +169,7 @@ class Batcher:
     def submit(self, rows: list[Any], deadline: float) -> list[Ticket]:
         """Queue ``rows`` (already validated) for prediction; raise ``Overloaded`` when the queue is full."""
         n = len(rows)
-        self.check_admission(n)
+        self.check_admission(n, deadline)
         if not self._pool.replicas:
             raise UpstreamUnavailable("no prediction replica is known (check --prediction-urls/-dns)")
         loop = self._loop = self._loop or asyncio.get_running_loop()
@@ -180,11 +188,28 @@ class Batcher:
             self._dispatch()  # otherwise nothing changed for the batch already waiting
         return tickets
 
-    def check_admission(self, rows: int) -> None:
-        """Raise ``Overloaded`` if ``rows`` more would overfill the queue (an empty queue takes anyone)."""
-        if self.queued_rows and self.queued_rows + rows > self.max_queued_rows:
+    def check_admission(self, rows: int, deadline: float) -> None:
+        """Raise ``Overloaded`` if a caller with ``rows`` rows and this deadline should be refused now.
+
+        Two bounds: the rows waiting (memory; an empty queue takes anyone), and the age of the
+        oldest waiting caller. In a FIFO queue a newcomer waits about as long as the head already
+        has, so once the head has waited more than ``max_wait_share`` of the newcomer's time left,
+        the newcomer would most likely expire in the queue: it is better told at once.
+        """
+        if not self.queued_rows:
+            return
+        if self.queued_rows + rows > self.max_queued_rows:
             raise Overloaded(
                 f"overloaded: {self.queued_rows} rows already waiting (limit {self.max_queued_rows})",
+                retry_after_s=1.0,
+            )
+        queue = self._queue
+        while queue and queue[0].state != _QUEUED:
+            queue.popleft()
+        now = self._clock()
+        if queue and (waited_s := now - queue[0].enqueued_at) > self.max_wait_share * (deadline - now):
+            raise Overloaded(
+                f"overloaded: the oldest waiting caller has waited {waited_s * 1000:.0f} ms",
                 retry_after_s=1.0,
             )
 
@@ -332,6 +357,8 @@ class Batcher:
             predictions = _predictions(response, rows)
         except (UpstreamError, _CallFailed) as exc:
             failure = exc if isinstance(exc, _CallFailed) else _transport_failure(exc)
+            if isinstance(exc, UpstreamTimeout) and timeout_s < self.slow_call_s:
+                failure.eject = False  # cut short by a tight caller deadline, not a sign of a sick replica
             self._on_failure(batch, replica, failure)
             return
         except Exception as exc:  # a bug of ours: fail these callers now rather than at their deadline

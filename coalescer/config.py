@@ -68,6 +68,13 @@ class CoalescerSettings(BaseSettings):
         ge=1,
         description="Rows allowed to wait for an upstream slot; beyond it callers get an immediate 503",
     )
+    max_queue_wait_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Refuse a caller at once (503) when the oldest waiting caller has waited longer than "
+        "this share of the newcomer's deadline: it would most likely expire in the queue",
+    )
     deadline_ms: float = Field(
         default=250.0,
         gt=0,

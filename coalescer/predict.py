@@ -119,8 +119,10 @@ class PredictionEndpoints:
 
     # handlers: body bytes in, JSON-able result out
     async def _bulk_strict(self, body: bytes, call: _Call) -> Any:
+        batcher = self._batcher()
+        batcher.check_admission(1, call.deadline)  # a full queue refuses before any parsing
         rows = require_list(loads(body), "requests")
-        self._batcher().check_admission(len(rows))  # shed load before spending CPU on validation
+        batcher.check_admission(len(rows), call.deadline)  # ... and before validation
         if not rows_valid(rows):
             parse_rows(rows)  # raises the precise 422
         predictions = await self._predict(rows, call)
@@ -134,15 +136,17 @@ class PredictionEndpoints:
         }
 
     async def _single(self, body: bytes, call: _Call) -> Any:
+        self._batcher().check_admission(1, call.deadline)
         row = loads(body)
-        self._batcher().check_admission(1)
         if not rows_valid([row]):
             parse_row(row)  # raises the precise 422
         return (await self._predict([row], call))[0]
 
     async def _bulk(self, body: bytes, call: _Call) -> Any:
+        batcher = self._batcher()
+        batcher.check_admission(1, call.deadline)
         items = require_list(loads(body), "requests")
-        self._batcher().check_admission(len(items))
+        batcher.check_admission(len(items), call.deadline)
         invalid = invalid_items(items)
         valid = [i for i in range(len(items)) if i not in invalid]
         predictions: list[Any] = [None] * len(items)

@@ -285,3 +285,22 @@ async def test_disconnected_caller_is_dropped_before_dispatch() -> None:
         assert k.rows == 1  # the hung-up caller's 5 rows never left
         metrics = (await client.get("/metrics")).text
         assert 'coalescer_dropped_callers_total{reason="disconnected"} 1.0' in metrics
+
+
+async def test_a_queue_too_slow_for_the_callers_deadline_refuses_at_once() -> None:
+    async with stack(max_inflight_per_replica=1, deadline_ms=400.0) as (client, (k,)):
+        k.delay_ms = 350.0
+        busy = asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 0)}))
+        await asyncio.sleep(0.02)
+        waiting = asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 10)}))
+        await asyncio.sleep(0.25)  # the waiting caller is now older than half of a newcomer's 400 ms
+        started = time.perf_counter()
+        refused = await client.post(STRICT, json={"requests": rows(1, 20)})
+        assert refused.status_code == 503
+        assert "oldest waiting caller" in refused.json()["detail"]
+        assert time.perf_counter() - started < 0.1
+        assert (await busy).status_code == 200
+        assert (await waiting).status_code == 504  # it ran out of time, as predicted
+        assert k.batch_sizes == [1, 1]  # the refused caller never reached the replica
+        states = [r["state"] for r in (await client.get("/status")).json()["coalescer"]["replicas"]]
+        assert states == ["healthy"]  # a call cut short by its caller's deadline does not eject
