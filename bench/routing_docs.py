@@ -52,11 +52,14 @@ def write_report(
     metrics = model_status.get("current_metrics", {})
     samples = model_status.get("current_training_samples", {})
     slo_rows = "\n".join(
-        f"| {name} | {100 * share:.0f}% | {ttft:.0f} | {tpot:.0f} |" for name, share, ttft, tpot in SLO_CLASSES
+        f"| {name} | {100 * share:.0f}% | {ttft:.0f} | {tpot:.0f} |"
+        for name, share, ttft, tpot in SLO_CLASSES
     )
     mix_rows = "\n".join(
         f"- **{mix.name}**: {mix.description}. Loads: "
-        + ", ".join(f"{load.name} {load.offered_rps:g} req/s (burstiness {load.burstiness:g})" for load in mix.loads)
+        + ", ".join(
+            f"{load.name} {load.offered_rps:g} req/s (burstiness {load.burstiness:g})" for load in mix.loads
+        )
         + "."
         for mix in mixes
     )

@@ -34,65 +34,66 @@ def markdown_table(results: Sequence[RunResult], heuristics: set[str]) -> str:
     return "\n".join(lines)
 
 
-def summary_table(results: Sequence[RunResult], heuristics: set[str], offered: dict[str, float]) -> str:
+def summary_table(
+    results: Sequence[RunResult], heuristics: set[str], offered: dict[str, float], noise: dict[str, float]
+) -> str:
     """Per load: the best heuristic, the best predicted-latency policy and the difference in points."""
     lines = [
         "| load | offered (req/s) | best heuristic | attainment | best predicted-latency policy "
-        "| attainment | difference |",
-        "|---|---:|---|---:|---|---:|---:|",
+        "| attainment | difference | noise floor |",
+        "|---|---:|---|---:|---|---:|---:|---:|",
     ]
     for load in _ordered(r.scenario for r in results):
         rows = [r for r in results if r.scenario == load]
         h = max((r for r in rows if r.policy in heuristics), key=_att)
         p = max((r for r in rows if r.policy not in heuristics), key=_att)
         diff = 100 * (p.attainment - h.attainment)
+        floor = noise.get(load, math.nan)
         lines.append(
             f"| {load} | {offered.get(load, math.nan):.1f} | {h.policy} | {100 * h.attainment:.1f}% "
-            f"| {p.policy} | {100 * p.attainment:.1f}% | {diff:+.1f} pts |"
+            f"| {p.policy} | {100 * p.attainment:.1f}% | {diff:+.1f} pts | {floor:.1f} pts |"
         )
     return "\n".join(lines)
 
 
 def plot(results: Sequence[RunResult], heuristics: set[str], path: Path) -> None:
-    """Attainment per load and policy (bars), and TTFT p90 per load (log scale)."""
+    """Per mix (columns): SLO attainment and TTFT p90 against load, one line per policy."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    loads = _ordered(r.scenario for r in results)
-    policies = _ordered(r.policy for r in results)
     by_key = {(r.scenario, r.policy): r for r in results}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.2))
-    width = 0.8 / len(policies)
-    cmap_h, cmap_p = plt.get_cmap("Greys"), plt.get_cmap("viridis")
-    n_h = sum(1 for p in policies if p in heuristics)
-    n_p = len(policies) - n_h
-    i_h = i_p = 0
-    for j, policy in enumerate(policies):
-        if policy in heuristics:
-            color = cmap_h(0.35 + 0.5 * i_h / max(1, n_h - 1))
-            i_h += 1
-        else:
-            color = cmap_p(0.15 + 0.75 * i_p / max(1, n_p - 1))
-            i_p += 1
-        xs = [i + (j - len(policies) / 2 + 0.5) * width for i in range(len(loads))]
-        att = [100 * by_key[(load, policy)].attainment for load in loads]
-        ax1.bar(xs, att, width, label=policy, color=color, edgecolor="black", linewidth=0.3)
-        p90 = [by_key[(load, policy)].ttft_ms["p90"] for load in loads]
-        ax2.plot(range(len(loads)), p90, marker="o", label=policy, color=color)
-    for ax in (ax1, ax2):
-        ax.set_xticks(range(len(loads)))
-        ax.set_xticklabels(loads, rotation=10)
-    ax1.set_ylabel("SLO attainment (% of all requests)")
-    ax1.set_ylim(0, 100)
-    ax1.set_title("SLO attainment (TTFT and TPOT met)")
-    ax1.legend(fontsize=7, ncol=2, loc="lower left")
-    ax2.set_yscale("log")
-    ax2.set_ylabel("TTFT p90 (ms)")
-    ax2.set_title("TTFT p90")
+    mixes = _ordered(r.scenario.split(" / ")[0] for r in results)
+    policies = _ordered(r.policy for r in results)
+    predicted = [p for p in policies if p not in heuristics]
+    cmap = plt.get_cmap("viridis")
+    greys = plt.get_cmap("Greys")
+    fig, axes = plt.subplots(2, len(mixes), figsize=(6.5 * len(mixes), 8.5), squeeze=False)
+    for col, mix in enumerate(mixes):
+        scenarios = [s for s in _ordered(r.scenario for r in results) if s.split(" / ")[0] == mix]
+        labels = [s.split(" / ", 1)[1].replace(" near-", "\nnear-") for s in scenarios]
+        for j, policy in enumerate(policies):
+            if policy in heuristics:
+                style = {"color": greys(0.4 + 0.5 * j / max(1, len(heuristics) - 1)), "linestyle": "--"}
+            else:
+                style = {"color": cmap(0.9 * predicted.index(policy) / max(1, len(predicted) - 1))}
+            att = [100 * by_key[(s, policy)].attainment for s in scenarios]
+            p90 = [by_key[(s, policy)].ttft_ms["p90"] for s in scenarios]
+            axes[0][col].plot(range(len(scenarios)), att, marker="o", label=policy, **style)
+            axes[1][col].plot(range(len(scenarios)), p90, marker="o", label=policy, **style)
+        for row in (0, 1):
+            axes[row][col].set_xticks(range(len(scenarios)))
+            axes[row][col].set_xticklabels(labels)
+            axes[row][col].grid(alpha=0.3)
+        axes[0][col].set_title(f"{mix}: SLO attainment (TTFT and TPOT met)")
+        axes[0][col].set_ylabel("% of all requests")
+        axes[1][col].set_title(f"{mix}: TTFT p90")
+        axes[1][col].set_ylabel("ms (log scale)")
+        axes[1][col].set_yscale("log")
+    axes[0][0].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
