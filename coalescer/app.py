@@ -101,6 +101,7 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
         default_deadline_ms=settings.deadline_ms,
         max_body_bytes=settings.max_body_bytes,
         count_call=lambda name: metrics.callers.labels(name).inc,
+        time_call=lambda name, code: metrics.call_seconds.labels(name, str(code)).observe,
         on_error=count_rejection,
     ).handlers()
     app.router.routes.extend(build_routes(rt, app.fast_paths))

@@ -19,9 +19,9 @@ that fails too, every caller in it gets the error.
 
 Every ticket has a deadline timer: expiry resolves it with a 504 wherever it is. Expired and
 disconnected tickets are skipped when a batch is formed and pruned before a retry, and the rows
-waiting in the queue are bounded (``max_queued_rows``), as is the queue's age relative to a
-newcomer's deadline (``max_wait_share``): beyond either, ``submit`` raises ``Overloaded`` at once,
-so shed load never reaches a replica and admitted callers can still meet their deadlines.
+waiting in the queue are bounded (``max_queued_rows``), as is the wait a newcomer should expect
+relative to its deadline (``max_wait_share``): beyond either, ``submit`` raises ``Overloaded`` at
+once, so shed load never reaches a replica and admitted callers can still meet their deadlines.
 """
 
 from __future__ import annotations
@@ -57,12 +57,13 @@ _QUEUED, _SENT, _DONE = 0, 1, 2
 class Ticket:
     """One caller's rows (or a cap-sized slice of them) waiting for predictions."""
 
-    __slots__ = ("deadline", "enqueued_at", "future", "n", "rows", "state", "timer")
+    __slots__ = ("deadline", "enqueued_at", "future", "n", "rows", "state", "taken_mark", "timer")
 
     def __init__(
-        self, rows: list[Any], deadline: float, now: float, future: asyncio.Future[list[Any]]
+        self, rows: list[Any], deadline: float, now: float, future: asyncio.Future[list[Any]], taken_mark: int
     ) -> None:
         self.rows = rows
+        self.taken_mark = taken_mark  # rows that had left the queue when this ticket joined it
         self.n = len(rows)
         self.deadline = deadline
         self.enqueued_at = now
@@ -152,6 +153,7 @@ class Batcher:
         self._queue: deque[Ticket] = deque()
         self._retries: deque[_Batch] = deque()
         self.queued_rows = 0
+        self._taken_rows = 0  # rows that ever left the queue, for the drain rate
         self.inflight_calls = 0
         self.inflight_rows = 0
         self._dispatching = False
@@ -178,7 +180,7 @@ class Batcher:
         parts = [rows] if n <= cap else [rows[i : i + cap] for i in range(0, n, cap)]
         tickets = []
         for part in parts:
-            ticket = Ticket(part, deadline, now, loop.create_future())
+            ticket = Ticket(part, deadline, now, loop.create_future(), self._taken_rows)
             ticket.timer = loop.call_later(max(0.0, deadline - now), self._expire, ticket)
             self._queue.append(ticket)
             tickets.append(ticket)
@@ -191,10 +193,11 @@ class Batcher:
     def check_admission(self, rows: int, deadline: float) -> None:
         """Raise ``Overloaded`` if a caller with ``rows`` rows and this deadline should be refused now.
 
-        Two bounds: the rows waiting (memory; an empty queue takes anyone), and the age of the
-        oldest waiting caller. In a FIFO queue a newcomer waits about as long as the head already
-        has, so once the head has waited more than ``max_wait_share`` of the newcomer's time left,
-        the newcomer would most likely expire in the queue: it is better told at once.
+        Two bounds: the rows waiting (memory; an empty queue takes anyone), and the wait the
+        newcomer should expect. That wait is the rows ahead of it divided by the rate the queue
+        has drained at since its oldest caller arrived (at least the oldest caller's age); past
+        ``max_wait_share`` of the newcomer's time left it would most likely expire in the queue,
+        so it is better told at once and the callers already admitted keep their deadlines.
         """
         if not self.queued_rows:
             return
@@ -206,10 +209,16 @@ class Batcher:
         queue = self._queue
         while queue and queue[0].state != _QUEUED:
             queue.popleft()
+        if not queue:
+            return
+        head = queue[0]
         now = self._clock()
-        if queue and (waited_s := now - queue[0].enqueued_at) > self.max_wait_share * (deadline - now):
+        waited_s = now - head.enqueued_at
+        drained = self._taken_rows - head.taken_mark
+        expected_s = max(waited_s, self.queued_rows * waited_s / drained) if drained else waited_s
+        if expected_s > self.max_wait_share * (deadline - now):
             raise Overloaded(
-                f"overloaded: the oldest waiting caller has waited {waited_s * 1000:.0f} ms",
+                f"overloaded: a new caller would wait about {expected_s * 1000:.0f} ms for a replica",
                 retry_after_s=1.0,
             )
 
@@ -327,6 +336,7 @@ class Batcher:
             tickets.append(ticket)
             observe_wait(now - ticket.enqueued_at)
         self.queued_rows -= rows
+        self._taken_rows += rows
         return _Batch(tickets)
 
     def _start(self, batch: _Batch, replica: Replica) -> None:

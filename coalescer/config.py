@@ -72,8 +72,8 @@ class CoalescerSettings(BaseSettings):
         default=0.5,
         gt=0,
         le=1,
-        description="Refuse a caller at once (503) when the oldest waiting caller has waited longer than "
-        "this share of the newcomer's deadline: it would most likely expire in the queue",
+        description="Refuse a caller at once (503) when the queue wait it should expect (rows ahead / "
+        "recent drain rate) exceeds this share of its deadline: it would most likely expire waiting",
     )
     deadline_ms: float = Field(
         default=250.0,

@@ -36,6 +36,7 @@ class CoalescerMetrics:
     registry: CollectorRegistry
     callers: Counter
     rejections: Counter
+    call_seconds: Histogram
     queue_wait: Histogram
     batch_rows: Histogram
     batch_callers: Histogram
@@ -60,6 +61,13 @@ def create_metrics() -> CoalescerMetrics:
             "coalescer_rejections",
             "Calls answered with an error, by reason (overloaded, deadline_exceeded, invalid_input, ...)",
             ["reason"],
+            registry=registry,
+        ),
+        call_seconds=Histogram(
+            "coalescer_call_duration_seconds",
+            "Prediction calls from the first byte read to the answer, by endpoint and status code",
+            ["endpoint", "code"],
+            buckets=LATENCY_BUCKETS_S,
             registry=registry,
         ),
         queue_wait=Histogram(

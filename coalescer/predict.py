@@ -58,12 +58,14 @@ class PredictionEndpoints:
         default_deadline_ms: float,
         max_body_bytes: int,
         count_call: Callable[[str], Callable[[], None]],
+        time_call: Callable[[str, int], Callable[[float], None]],
         on_error: Callable[[ServiceError], None],
     ) -> None:
         self._batcher = batcher
         self._default_deadline_s = default_deadline_ms / 1000.0
         self._max_body = max_body_bytes
         self._count_call = count_call
+        self._time_call = time_call
         self._on_error = on_error
 
     def handlers(self) -> dict[str, ASGIApp]:
@@ -75,6 +77,7 @@ class PredictionEndpoints:
 
     def _asgi(self, handler: Handler, name: str) -> ASGIApp:
         count = self._count_call(name)
+        timers: dict[int, Callable[[float], None]] = {}
 
         async def endpoint(scope: dict[str, Any], receive: Any, send: Any) -> None:
             started = time.monotonic()
@@ -103,6 +106,10 @@ class PredictionEndpoints:
             headers.append((b"content-length", b"%d" % len(payload)))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": payload})
+            observe = timers.get(status)
+            if observe is None:
+                observe = timers[status] = self._time_call(name, status)
+            observe(time.monotonic() - started)
 
         return endpoint
 
