@@ -34,8 +34,9 @@ class UpstreamConnectError(UpstreamError):
 
 @dataclass(slots=True)
 class HttpResponse:
+    """Status and body: the batch call needs nothing else, so headers are not even decoded."""
+
     status: int
-    headers: dict[str, str]
     body: bytes
 
 
@@ -48,7 +49,6 @@ class _Connection(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._waiter: asyncio.Future[HttpResponse] | None = None
         self._chunks: list[bytes] = []
-        self._headers: dict[str, str] = {}
         self.closed = False
         self.keep_alive = True
         self.received_any = False
@@ -70,17 +70,16 @@ class _Connection(asyncio.Protocol):
         self._fail(UpstreamError(f"connection closed{': ' + str(exc) if exc else ''}"))
 
     # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
 
     def on_message_complete(self) -> None:
         self.keep_alive = self._parser.should_keep_alive()
-        response = HttpResponse(self._parser.get_status_code(), self._headers, b"".join(self._chunks))
+        chunks = self._chunks
+        response = HttpResponse(
+            self._parser.get_status_code(), chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        )
         self._chunks = []
-        self._headers = {}
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(response)
