@@ -35,10 +35,11 @@ from typing import Any
 
 import orjson
 
-from coalescer.http1 import HttpResponse, UpstreamConnectError, UpstreamError, UpstreamTimeout
+from coalescer.http1 import UpstreamError, UpstreamTimeout
 from coalescer.metrics import CoalescerMetrics
+from coalescer.outcomes import CallFailed, read_predictions, transport_failure
 from coalescer.upstreams import Replica, ReplicaPool
-from shared.errors import DeadlineExceeded, ModelsNotReady, Overloaded, ServiceError, UpstreamUnavailable
+from shared.errors import DeadlineExceeded, Overloaded, ServiceError, UpstreamUnavailable
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
@@ -112,17 +113,8 @@ class _Batch:
         self.tickets = [t for t in self.tickets if t.state != _DONE]
 
 
-class _CallFailed(Exception):
-    def __init__(self, kind: str, message: str, *, retryable: bool, eject: bool, caller_error: ServiceError):
-        super().__init__(message)
-        self.kind = kind
-        self.retryable = retryable
-        self.eject = eject
-        self.caller_error = caller_error
-
-
 class Batcher:
-    """The queue of waiting tickets and the one dispatcher task that empties it."""
+    """The queue of waiting tickets, the dispatcher that empties it, and the batch calls in flight."""
 
     def __init__(
         self,
@@ -364,9 +356,9 @@ class Batcher:
             response = await replica.pool.request(
                 "POST", UPSTREAM_PATH, body, timeout_s=timeout_s, headers=self._headers
             )
-            predictions = _predictions(response, rows)
-        except (UpstreamError, _CallFailed) as exc:
-            failure = exc if isinstance(exc, _CallFailed) else _transport_failure(exc)
+            predictions = read_predictions(response, rows)
+        except (UpstreamError, CallFailed) as exc:
+            failure = exc if isinstance(exc, CallFailed) else transport_failure(exc)
             if isinstance(exc, UpstreamTimeout) and timeout_s < self.slow_call_s:
                 failure.eject = False  # cut short by a tight caller deadline, not a sign of a sick replica
             self._on_failure(batch, replica, failure)
@@ -387,7 +379,7 @@ class Batcher:
             ticket.resolve(predictions[offset:end])
             offset = end
 
-    def _on_failure(self, batch: _Batch, replica: Replica, failure: _CallFailed) -> None:
+    def _on_failure(self, batch: _Batch, replica: Replica, failure: CallFailed) -> None:
         self._metrics.upstream_failures.labels(failure.kind).inc()
         if failure.eject:
             self._pool.mark_failure(replica, str(failure))
@@ -422,59 +414,3 @@ class Batcher:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _predictions(response: HttpResponse, rows: int) -> list[Any]:
-    status = response.status
-    if status == 200:
-        try:
-            predictions = orjson.loads(response.body)["predictions"]
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise _CallFailed(
-                "protocol",
-                f"unreadable 200 answer: {exc}",
-                retryable=True,
-                eject=True,
-                caller_error=UpstreamUnavailable("a prediction replica sent an unreadable answer"),
-            ) from None
-        if not isinstance(predictions, list) or len(predictions) != rows:
-            got = len(predictions) if isinstance(predictions, list) else type(predictions).__name__
-            raise _CallFailed(
-                "protocol",
-                f"asked for {rows} predictions, got {got}",
-                retryable=True,
-                eject=True,
-                caller_error=UpstreamUnavailable("a prediction replica answered the wrong number of rows"),
-            )
-        return predictions
-    detail = response.body[:200].decode("utf-8", "replace")
-    if status == 503 and b"not ready" in response.body.lower():
-        caller_error: ServiceError = ModelsNotReady()
-    else:
-        caller_error = UpstreamUnavailable(f"prediction replica answered {status}")
-    if status >= 500 or status == 429:
-        raise _CallFailed(
-            "status", f"{status}: {detail}", retryable=True, eject=True, caller_error=caller_error
-        )
-    # Any other 4xx means the replica disagrees with our validation: retrying will not help.
-    log_event(log, "upstream_rejected_batch", logging.ERROR, status=status, detail=detail)
-    raise _CallFailed(
-        "status", f"{status}: {detail}", retryable=False, eject=False, caller_error=caller_error
-    )
-
-
-def _transport_failure(exc: UpstreamError) -> _CallFailed:
-    kind = (
-        "timeout"
-        if isinstance(exc, UpstreamTimeout)
-        else "connect"
-        if isinstance(exc, UpstreamConnectError)
-        else "protocol"
-    )
-    return _CallFailed(
-        kind,
-        str(exc),
-        retryable=True,
-        eject=True,
-        caller_error=UpstreamUnavailable(f"prediction replicas failed: {exc}"),
-    )
