@@ -87,8 +87,8 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def pin(service: RunningService, cpu: int) -> None:
-    if cpu < (os.cpu_count() or 1):
+def pin(service: RunningService, cpu: int, enabled: bool) -> None:
+    if enabled and cpu < (os.cpu_count() or 1):
         os.sched_setaffinity(service.proc.pid, {cpu})
 
 
@@ -252,8 +252,8 @@ def run_phases(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         log_dir=log_dir,
         ready_path="/readyz",
     )
-    pin(replica, 1)
-    pin(coalescer, 0)
+    pin(replica, 1, args.pin)
+    pin(coalescer, 0, args.pin)
     body = rows_body(args.rows)
     report: dict[str, Any] = {"latency": [], "throughput": [], "overload": []}
     try:
@@ -290,8 +290,8 @@ def run_phases(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
         log_dir=log_dir,
         ready_path="/readyz",
     )
-    pin(slow, 1)
-    pin(shed, 0)
+    pin(slow, 1, args.pin)
+    pin(shed, 0, args.pin)
     try:
         for run in range(args.runs):
             capacity = uvloop.run(closed_loop(shed.url, body, 64, args.duration_s))["calls_per_s"]
@@ -342,12 +342,17 @@ def markdown(
     added = [run["coalescer"]["p50_us"] - run["direct"]["p50_us"] for run in lat]
     ratios = [run["coalescer"]["calls_per_s"] / run["direct"]["calls_per_s"] for run in thr]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    placement = (
+        "real prediction replica (built-in prior, 1 worker) pinned to CPU 1, coalescer pinned to CPU 0, "
+        "load generator unpinned"
+        if args.pin
+        else "real prediction replica (built-in prior, 1 worker), coalescer and load generator unpinned"
+    )
     lines = [
         "# Coalescer benchmarks",
         "",
-        f"Measured {when} on {os.cpu_count()} cores; real prediction replica (built-in prior, 1 worker) "
-        "pinned to CPU 1, coalescer pinned to CPU 0, load generator unpinned; medians of "
-        f"{args.runs} runs, direct and coalesced interleaved; calls of {args.rows} rows.",
+        f"Measured {when} on {os.cpu_count()} cores; {placement}; medians of {args.runs} runs, "
+        f"direct and coalesced interleaved; calls of {args.rows} rows.",
         "",
         "Command:",
         "",
@@ -419,6 +424,12 @@ def main() -> None:
     parser.add_argument(
         "--overload-batch-rows", type=int, default=50, help="row cap per call when overloaded"
     )
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin the replica to CPU 1 and the coalescer to CPU 0 (--no-pin: let the OS place them)",
+    )
     parser.add_argument("--out", type=Path, help="write the Markdown report here")
     parser.add_argument("--json", type=Path, help="write the raw results here")
     args = parser.parse_args()
@@ -436,7 +447,9 @@ def main() -> None:
     if args.out:
         args.out.write_text(text)
     if args.json:
-        args.json.write_text(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        args.json.write_text(
+            orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+        )
 
 
 if __name__ == "__main__":
