@@ -173,8 +173,9 @@ async def test_an_idle_call_does_not_wait_for_a_long_window(fleet: Fleet) -> Non
                 response = await client.post(STRICT, json={"requests": [row(rng) for _ in range(8)]})
                 elapsed.append(time.perf_counter() - started)
                 assert response.status_code == 200
-        assert statistics.median(elapsed) < 0.05  # the window is 200 ms
-        assert max(elapsed) < 0.19
+        # Had the window applied, every call would take at least 200 ms.
+        assert statistics.median(elapsed) < 0.1
+        assert sorted(elapsed)[int(0.9 * len(elapsed))] < 0.15
     finally:
         coalescer.stop()
 
