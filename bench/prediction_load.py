@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,12 @@ def publish_benchmark_model(store: ModelStore, rounds: int, depth: int) -> str:
 # -- servers ---------------------------------------------------------------------------------------
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 class Server:
     def __init__(self, name: str, command: list[str], port: int, log: Path) -> None:
         self.name = name
@@ -127,7 +134,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{name} exited:\n{log.read_text()[-3000:]}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                answered = httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+                if answered and self.proc.poll() is None:  # ours, not a stranger on the port
                     break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not start:\n{log.read_text()[-3000:]}")
@@ -312,29 +320,23 @@ def main() -> None:
     store = ModelStore(workdir / "store")
     version = publish_benchmark_model(store, args.trees, args.depth)
     print(f"model {version}: {args.trees} trees x depth {args.depth} per model; store {store.root}")
+    ours_port = free_port()
+    ours_args = ["--port", str(ours_port), "--store", str(store.root), "--log-level", "warning"]
     servers = [
         Server(
             "prediction_server",
-            [
-                "-m",
-                "prediction_server",
-                "--port",
-                "18401",
-                "--store",
-                str(store.root),
-                "--log-level",
-                "warning",
-            ],
-            18401,
+            ["-m", "prediction_server", *ours_args],
+            ours_port,
             workdir / "prediction_server.log",
         )
     ]
     if not args.no_naive:
+        naive_port = free_port()
         servers.append(
             Server(
                 "naive",
-                ["bench/naive_prediction_server.py", "--port", "18402", "--store", str(store.root)],
-                18402,
+                ["bench/naive_prediction_server.py", "--port", str(naive_port), "--store", str(store.root)],
+                naive_port,
                 workdir / "naive.log",
             )
         )
