@@ -122,8 +122,13 @@ class CoalescerSettings(BaseSettings):
     )
     auth_token: SecretStr | None = Field(
         default=None,
-        description="When set, /reload and /add_training_data_bulk require 'Authorization: Bearer <token>'; "
-        "the token is also sent to replicas and the training server",
+        description="When set, /reload requires 'Authorization: Bearer <token>' (and /add_training_data_bulk "
+        "too with --token-protects-ingest); the token is also sent to replicas and the training server",
+    )
+    token_protects_ingest: bool = Field(
+        default=False,
+        description="Also require the token on /add_training_data_bulk (needs a token-aware sender; the "
+        "llm-d Go client sends none)",
     )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes"

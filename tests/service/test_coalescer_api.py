@@ -220,9 +220,12 @@ async def test_samples_wait_out_training_server_errors_and_arrive_once() -> None
         assert "coalescer_relay_samples_dropped_total" not in text or "} 0.0" in text
 
 
-async def test_ingestion_needs_the_token_when_one_is_set() -> None:
+async def test_ingestion_takes_the_token_only_when_told_to() -> None:
     async with stack(auth_token=TOKEN) as (client, (trainer,)):
         body = {"entries": [entry(1)]}
+        assert (await client.post("/add_training_data_bulk", json=body)).status_code == 202  # Go client
+        await eventually(lambda: _samples(trainer, 1))
+    async with stack(auth_token=TOKEN, token_protects_ingest=True) as (client, (trainer,)):
         assert (await client.post("/add_training_data_bulk", json=body)).status_code == 401
         ok = await client.post(
             "/add_training_data_bulk", json=body, headers={"Authorization": f"Bearer {TOKEN}"}
