@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -85,12 +86,22 @@ class _Connection(asyncio.Protocol):
             waiter.set_result(response)
 
     # client side
-    def send(self, data: bytes) -> asyncio.Future[HttpResponse]:
+    async def exchange(self, data: bytes, timeout_s: float) -> HttpResponse:
+        """Send one request and wait for its response; on timeout the connection is closed."""
         assert self._transport is not None
         self.received_any = False
-        self._waiter = self._loop.create_future()
+        waiter = self._waiter = self._loop.create_future()
+        # A plain timer rather than asyncio.timeout(): this runs on every batch call.
+        timer = self._loop.call_later(max(0.0, timeout_s), self._time_out, timeout_s)
         self._transport.write(data)
-        return self._waiter
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+
+    def _time_out(self, timeout_s: float) -> None:
+        self._fail(UpstreamTimeout(f"no response within {timeout_s * 1000:.0f} ms"))
+        self.close()
 
     def close(self) -> None:
         self.closed = True
@@ -129,31 +140,25 @@ class Http1Pool:
             f"{method} {path} HTTP/1.1\r\nHost: {self._host_header}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{headers}\r\n"
         ).encode("latin-1") + body
-        conn: _Connection | None = None
+        deadline = time.monotonic() + timeout_s
+        conn = self._take_idle()
         try:
-            async with asyncio.timeout(timeout_s):
-                conn = self._take_idle()
-                if conn is not None:
-                    try:
-                        response = await conn.send(data)
-                    except UpstreamError:
-                        if conn.received_any:
-                            raise
-                        # The server closed an idle keep-alive connection under us: go again.
-                        conn = None
-                if conn is None:
-                    conn = await self._connect()
-                    response = await conn.send(data)
-        except TimeoutError:
             if conn is not None:
-                conn.close()
-            raise UpstreamTimeout(f"no response within {timeout_s * 1000:.0f} ms") from None
+                try:
+                    return self._release(conn, await conn.exchange(data, timeout_s))
+                except UpstreamTimeout:
+                    raise
+                except UpstreamError:
+                    if conn.received_any:
+                        raise
+                    # The server closed an idle keep-alive connection under us: go again.
+            conn = None
+            conn = await self._connect(deadline - time.monotonic())
+            return self._release(conn, await conn.exchange(data, deadline - time.monotonic()))
         except BaseException:
             if conn is not None:
                 conn.close()
             raise
-        self._release(conn)
-        return response
 
     def close(self) -> None:
         self._closed = True
@@ -168,22 +173,26 @@ class Http1Pool:
                 return conn
         return None
 
-    def _release(self, conn: _Connection) -> None:
+    def _release(self, conn: _Connection, response: HttpResponse) -> HttpResponse:
         if conn.keep_alive and not conn.closed and not self._closed and len(self._idle) < self._max_idle:
             self._idle.append(conn)
         else:
             conn.close()
+        return response
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await loop.create_connection(
-                lambda: _Connection(loop),
-                self._host,
-                self._port,
-                ssl=self._ssl,
-                server_hostname=self._host if self._ssl else None,
-            )
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop),
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl else None,
+                )
+        except TimeoutError:
+            raise UpstreamTimeout(f"no connection to {self._host}:{self._port} in time") from None
         except OSError as exc:
             raise UpstreamConnectError(f"cannot connect to {self._host}:{self._port}: {exc}") from None
         return conn
