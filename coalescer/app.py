@@ -1,10 +1,11 @@
 """``create_app(settings)``: the coalescer's FastAPI app and the lifespan that owns its moving parts.
 
 The lifespan creates the httpx client (probes, status, reload, relay), the replica pool and its
-hot-path connections, the batcher, the sample relay, and their background tasks (dispatcher,
-prober, DNS refresher, relay sender). It keeps a reference to every task, logs any that dies,
-and on shutdown cancels and awaits them, fails what still waits, and gives the relay
-``relay_drain_s`` to deliver buffered samples.
+hot-path connections, the batcher, the sample relay, and their background tasks (prober, DNS
+refresher, relay sender; the batcher's dispatcher runs inline on events and on its own timer, see
+``coalescer.batcher``). It keeps a reference to every task, logs any that dies, and on shutdown
+cancels and awaits them, fails what still waits, stops the batch calls in flight, and gives the
+relay ``relay_drain_s`` to deliver buffered samples.
 """
 
 from __future__ import annotations
