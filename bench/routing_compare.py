@@ -29,163 +29,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from bench.routing_docs import write_report
 from bench.routing_report import markdown_table, plot, summary_table
-from bench.routing_sim import RunResult, Scenario, run_policy, workload_config
-from scheduler_client import (
-    Admission,
-    ClientConfig,
-    CompositeHeuristic,
-    FeederConfig,
-    LatencyClient,
-    LeastKV,
-    LeastQueue,
-    LowestLatency,
-    Picker,
-    Policy,
-    PrefixAffinity,
-    RandomPolicy,
-    SloHeadroom,
+from bench.routing_setup import (
+    DESCRIPTIONS,
+    HEURISTICS,
+    MIXES,
+    NOISE_SEEDS,
+    PREDICTED,
+    PolicyFactory,
+    scenarios,
 )
+from bench.routing_sim import RunResult, Scenario, run_policy
+from scheduler_client import ClientConfig, CompositeHeuristic, FeederConfig, LatencyClient, Policy
 from tests.procs import RunningService, start_service
 
 REPO = Path(__file__).resolve().parent.parent
-PolicyFactory = Callable[[int], Policy]
-
-HEURISTICS: dict[str, PolicyFactory] = {
-    "random": lambda seed: RandomPolicy(seed=seed),
-    "least-queue": lambda seed: LeastQueue(seed=seed),
-    "least-kv": lambda seed: LeastKV(seed=seed),
-    "composite": lambda seed: CompositeHeuristic(seed=seed),
-}
-
-
-def _affinity(seed: int) -> PrefixAffinity:
-    return PrefixAffinity(
-        SloHeadroom("spread"),
-        threshold=0.5,
-        ttft_margin_ms=50.0,
-        ttft_margin_frac=0.25,
-        epsilon=0.05,
-        seed=seed,
-    )
-
-
-# Parameters were chosen on a validation seed (2002), never on the evaluation seed.
-PREDICTED: dict[str, PolicyFactory] = {
-    "lowest-latency": lambda seed: LowestLatency(tpot_weight=10.0, seed=seed),
-    "slo-pack": lambda seed: SloHeadroom("pack", seed=seed),
-    "slo-spread": lambda seed: SloHeadroom("spread", seed=seed),
-    "slo-spread softmax": lambda seed: SloHeadroom("spread", picker=Picker(temperature=0.02, seed=seed)),
-    "prefix-affinity": _affinity,
-    "slo-spread+admission": lambda seed: Admission(SloHeadroom("spread", seed=seed), slack_frac=0.25),
-    "prefix-affinity+admission": lambda seed: Admission(_affinity(seed), slack_frac=0.25),
-}
-DESCRIPTIONS = {
-    "random": "uniformly random pod",
-    "least-queue": "fewest waiting + running requests",
-    "least-kv": "lowest KV-cache utilisation",
-    "composite": "llm-d's default scoring: (3 x prefix-cache score + 2 x min-max-normalised queue score "
-    "+ 2 x (1 - KV use)) / 7, highest wins (also the client's fallback score)",
-    "lowest-latency": "lowest predicted TTFT + 10 x predicted TPOT (ignores SLOs)",
-    "slo-pack": "SLO headroom: among pods predicted to meet both SLOs, the least relative headroom "
-    "(0.5 TTFT + 0.5 TPOT); if none, the least shortfall",
-    "slo-spread": "SLO headroom: among pods predicted to meet both SLOs, the most headroom; if none, "
-    "the least shortfall",
-    "slo-spread softmax": "slo-spread with a weighted-random final pick: softmax over headroom, "
-    "temperature 0.02 (2% of the SLO)",
-    "prefix-affinity": "pods with prefix-cache score >= 0.5 preferred unless their predicted TTFT "
-    "exceeds the best pod's by more than max(50 ms, 25%); slo-spread among them; 5% exploration",
-    "slo-spread+admission": "slo-spread; a sheddable request is rejected when every pod's predicted TTFT "
-    "or TPOT exceeds its SLO by more than 25%",
-    "prefix-affinity+admission": "prefix-affinity with the same admission rule",
-}
-NOISE_SEEDS = 3  # composite re-run with other tie-break seeds: the spread is the noise floor
-
-
-@dataclass(frozen=True)
-class Load:
-    name: str
-    offered_rps: float  # realised mean arrival rate (see Scenario.offered_rps)
-    burstiness: float
-
-
-@dataclass(frozen=True)
-class Mix:
-    """A request mix (``WorkloadConfig`` overrides) and the loads it is evaluated at."""
-
-    name: str
-    description: str
-    overrides: dict[str, Any]
-    loads: tuple[Load, ...]
-
-
-MIXES = (
-    Mix(
-        "chat",
-        "the simulator's default mix: prompts median 700 tokens (lognormal, sigma 1), outputs median "
-        "120; 64 prompt families (Zipf 1.1) with ~600-token shared prefixes, which all fit in every "
-        "pod's prefix cache",
-        {},
-        (
-            Load("low", 50.0, 0.3),
-            Load("medium", 75.0, 0.3),
-            Load("high", 90.0, 0.3),
-            Load("bursty near-saturation", 90.0, 0.6),
-        ),
-    ),
-    Mix(
-        "prefix-heavy",
-        "long shared prefixes (RAG, agents, long system prompts): prompts median 2000 tokens "
-        "(sigma 0.6), 256 families (Zipf 1.0) with ~1500-token prefixes shared by 90% of requests; "
-        "the families' prefixes add up to ~8x one pod's prefix cache",
-        {
-            "num_families": 256,
-            "family_zipf_s": 1.0,
-            "family_prefix_median_tokens": 1500.0,
-            "prompt_median_tokens": 2000.0,
-            "prompt_sigma": 0.6,
-            "shared_prefix_prob": 0.9,
-        },
-        (
-            Load("low", 20.0, 0.3),
-            Load("medium", 30.0, 0.3),
-            Load("high", 40.0, 0.3),
-            Load("bursty near-saturation", 40.0, 0.6),
-        ),
-    ),
-)
-NOMINAL_RPS = 100.0  # each stream is generated at this rate, then scaled to each load
-
-
-def scenarios(seed: int, num_requests: int, mixes: Sequence[Mix] = MIXES) -> list[Scenario]:
-    """One scenario per (mix, load); the loads of a mix with the same burstiness share one sequence."""
-    out = []
-    for mix in mixes:
-        for load in mix.loads:
-            base = workload_config(
-                NOMINAL_RPS, burstiness=load.burstiness, seed=seed, num_requests=num_requests
-            )
-            out.append(
-                Scenario(
-                    f"{mix.name} / {load.name}",
-                    dataclasses.replace(base, **mix.overrides),
-                    cluster_seed=seed,
-                    offered_rps=load.offered_rps,
-                )
-            )
-    return out
 
 
 async def _route_and_feed(
@@ -230,27 +98,45 @@ def _retrain(training: RunningService, prediction: RunningService) -> str:
 async def _evaluate(
     prediction_url: str, evals: Sequence[Scenario], seed: int, concurrency: int
 ) -> list[RunResult]:
+    """Heuristics first (pure CPU, no service), then the predicted policies, ``concurrency`` at a time.
+
+    A predicted run that needed a fallback decision is not evidence about predictions: it is
+    run again once, and the benchmark stops if it happens again.
+    """
+    results = []
+    for scenario in evals:
+        for name, factory in HEURISTICS.items():
+            results.append(_named(await run_policy(scenario, factory(seed)), name))
+            _report(results[-1], 0.0)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(scenario: Scenario, name: str, factory: PolicyFactory) -> RunResult:
         async with gate:
-            policy = factory(seed)
-            started = time.perf_counter()
-            if not policy.uses_predictions:
-                result = await run_policy(scenario, policy)
-            else:
+            for _attempt in range(2):
+                started = time.perf_counter()
                 async with LatencyClient(prediction_url, config=ClientConfig(predict_timeout_s=5.0)) as c:
-                    result = await run_policy(scenario, policy, c)
-            result.policy = name
-            print(
-                f"  {scenario.name:>24} {name:<28} attainment {100 * result.attainment:5.1f}%  "
-                f"({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
-            return result
+                    result = _named(await run_policy(scenario, factory(seed), c), name)
+                _report(result, time.perf_counter() - started)
+                if not result.fallback_decisions:
+                    return result
+                print(f"  {result.fallback_decisions} fallback decisions ({c.last_error}); running it again")
+            raise RuntimeError(f"{name} @ {scenario.name}: predictions kept failing ({c.last_error})")
 
-    jobs = [one(s, n, f) for s in evals for n, f in (HEURISTICS | PREDICTED).items()]
-    return list(await asyncio.gather(*jobs))
+    jobs = [one(s, n, f) for s in evals for n, f in PREDICTED.items()]
+    return results + list(await asyncio.gather(*jobs))
+
+
+def _named(result: RunResult, name: str) -> RunResult:
+    result.policy = name
+    return result
+
+
+def _report(result: RunResult, elapsed_s: float) -> None:
+    print(
+        f"  {result.scenario:>38} {result.policy:<26} attainment {100 * result.attainment:5.1f}%  "
+        f"({elapsed_s:.0f} s)",
+        flush=True,
+    )
 
 
 def noise_floor(evals: Sequence[Scenario], seed: int) -> dict[str, float]:
@@ -274,6 +160,8 @@ def noise_floor(evals: Sequence[Scenario], seed: int) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # A plain SIGTERM would skip the ``with`` blocks that stop the services.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=12_000, help="requests per evaluation run")
     parser.add_argument("--warmup-requests", type=int, default=10_000, help="requests per warm-up run")

@@ -10,11 +10,12 @@ Predictions::
         ...
         client.add_sample(row, actual_ttft_ms, actual_tpot_ms)
 
-- ``predict(rows)`` makes exactly one call with a *total* deadline of ``predict_timeout_s``
-  (connect + send + wait + read; httpx's own timeouts are per phase). It returns the
-  predictions in row order, or ``None`` when the service is unavailable: timeout, connection
-  error, 5xx (including 503 "Models not ready" and the coalescer's 503 "overloaded"), or a
-  malformed answer. The reason is in ``last_error`` and the counters. A 422 is the caller's
+- ``predict(rows)`` makes one call with a *total* deadline of ``predict_timeout_s``
+  (connect + send + wait + read; httpx's own timeouts are per phase), resent at once if the
+  connection broke before any answer (a keep-alive race; predicting is idempotent). It
+  returns the predictions in row order, or ``None`` when the service is unavailable:
+  timeout, connection error, 5xx (including 503 "Models not ready" and the coalescer's 503
+  "overloaded"), or a malformed answer. The reason is in ``last_error`` and the counters. A 422 is the caller's
   bug, not an outage: it raises ``InvalidRowsError`` with the service's field-precise detail.
 - ``predict_for_routing(rows)`` is the hot path. In ``predicted`` mode it is ``predict``. In
   ``fallback`` mode it returns ``None`` at once, so routing never waits on a failing
@@ -45,6 +46,7 @@ from scheduler_client.types import Prediction, Row
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 10_000  # the services' per-call limit
+_BROKEN_CONNECTION = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 _JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -64,10 +66,12 @@ class ClientConfig:
     fallback: FallbackPolicy = field(default_factory=FallbackPolicy)
     feeder: FeederConfig = field(default_factory=FeederConfig)
     max_connections: int = 64
+    # Below uvicorn's 5 s keep-alive, so we drop an idle connection before the server does.
+    keepalive_expiry_s: float = 4.0
 
     def __post_init__(self) -> None:
-        if not self.predict_timeout_s > 0 or self.max_connections < 1:
-            raise ValueError("predict_timeout_s must be > 0 and max_connections >= 1")
+        if not self.predict_timeout_s > 0 or self.max_connections < 1 or self.keepalive_expiry_s < 0:
+            raise ValueError("need predict_timeout_s > 0, max_connections >= 1, keepalive_expiry_s >= 0")
 
 
 @dataclass(slots=True)
@@ -79,6 +83,7 @@ class ClientCounters:
     predict_timeouts: int = 0  # late: no answer within predict_timeout_s
     predict_errors: int = 0  # connection errors, 5xx/503, malformed answers
     predict_invalid: int = 0  # 422 (raised to the caller)
+    predict_retries: int = 0  # resent at once after the connection broke before an answer
     routed_with_predictions: int = 0  # predict_for_routing answered with predictions
     routed_with_fallback: int = 0  # ... answered None (fallback mode or a failed call)
     probes: int = 0  # background probes sent in fallback mode
@@ -102,6 +107,7 @@ class LatencyClient:
             limits=httpx.Limits(
                 max_connections=self.config.max_connections,
                 max_keepalive_connections=self.config.max_connections,
+                keepalive_expiry=self.config.keepalive_expiry_s,
             ),
             timeout=httpx.Timeout(self.config.feeder.request_timeout_s),
         )
@@ -149,7 +155,13 @@ class LatencyClient:
         body = orjson.dumps({"requests": list(rows)})
         try:
             async with asyncio.timeout(self.config.predict_timeout_s):
-                response = await self._http.post(self.predict_url, content=body, headers=_JSON_HEADERS)
+                try:
+                    response = await self._http.post(self.predict_url, content=body, headers=_JSON_HEADERS)
+                except _BROKEN_CONNECTION:
+                    # A pooled connection the server had just closed: predicting is idempotent,
+                    # so resend once on a fresh connection, within the same deadline.
+                    self.counters.predict_retries += 1
+                    response = await self._http.post(self.predict_url, content=body, headers=_JSON_HEADERS)
         except TimeoutError:
             self.counters.predict_timeouts += 1
             self._failed(f"timeout after {self.config.predict_timeout_s * 1e3:.0f} ms")
