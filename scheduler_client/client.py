@@ -15,8 +15,9 @@ Predictions::
   connection broke before any answer (a keep-alive race; predicting is idempotent). It
   returns the predictions in row order, or ``None`` when the service is unavailable:
   timeout, connection error, 5xx (including 503 "Models not ready" and the coalescer's 503
-  "overloaded"), or a malformed answer. The reason is in ``last_error`` and the counters. A 422 is the caller's
-  bug, not an outage: it raises ``InvalidRowsError`` with the service's field-precise detail.
+  "overloaded"), or a malformed answer. The reason is in ``last_error`` and the counters.
+  A 422 is the caller's bug, not an outage: it raises ``InvalidRowsError`` with the
+  service's field-precise detail.
 - ``predict_for_routing(rows)`` is the hot path. In ``predicted`` mode it is ``predict``. In
   ``fallback`` mode it returns ``None`` at once, so routing never waits on a failing
   service, and at most once per ``probe_interval_s`` sends the same rows as a background
