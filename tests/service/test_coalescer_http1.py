@@ -25,7 +25,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if not message.get("more_body"):
             break
     if scope["path"] == "/slow":
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.3)
     payload = b'{"echo":' + (body or b"null") + b"}"
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(payload))]
     await send({"type": "http.response.start", "status": 201, "headers": headers})
