@@ -65,6 +65,8 @@ def settings_from_cli(
     except ValidationError as exc:
         problems = "; ".join(
             f"{flag(str(err['loc'][0]))} / {env_var(cls, str(err['loc'][0]))}: {err['msg']}"
+            if err["loc"]
+            else str(err["msg"])  # a rule across several settings (a model validator)
             for err in exc.errors()
         )
         parser.error(f"invalid settings: {problems}")

@@ -81,3 +81,9 @@ def test_invalid_items_finds_every_bad_row_by_bisection() -> None:
     assert set(found) == bad_at
     assert found[500][0]["loc"] == ["body", "requests", 500, "num_request_running"]
     assert invalid_items([good]) == {}
+
+
+def test_a_rule_across_settings_exits_with_its_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        settings_from_cli(CoalescerSettings, ["--port", "9000"])  # neither replica source
+    assert "set exactly one of --prediction-urls and --prediction-dns" in capsys.readouterr().err
