@@ -1,0 +1,176 @@
+"""Fault: a damaged model version in the store of a real training server, with real replicas.
+
+The training server publishes a trained version; two replicas serve it, one reading the store
+directory, one pulling it over the training server's own HTTP store API. Then the store is
+damaged behind the servers' backs, as a disk-full partial write or a bad copy would: a new
+version whose model file is truncated becomes current, then one whose manifest is truncated.
+Both replicas refuse both, keep serving the trained version (threads predicting throughout see
+no error), and switch to the next good version the training server publishes, which it does
+although its own current version is unreadable.
+
+A same-size tampered file (checksum mismatch) in a local store and in a minimal HTTP store is
+covered by ``tests/e2e/test_prediction_server.py``; this test adds truncation, an unreadable
+manifest and the real training server's HTTP store path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from shared.artifacts import MANIFEST_FILE, ModelStore
+from tests.procs import RunningService, start_service
+from training_server import synthetic
+
+pytestmark = pytest.mark.e2e
+
+TRAINING_FLAGS = [
+    "--n-estimators", "20", "--min-train-samples", "200", "--trainer-nice", "0",
+    "--min-new-samples", "1000000", "--retrain-interval-s", "3600",  # retrains only when asked
+]  # fmt: skip
+ROWS = synthetic.to_entries(synthetic.pod_states(8, np.random.default_rng(0)))
+
+
+class Predicting:
+    """One thread per replica predicting back to back; failures and answering versions are kept."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.errors: list[str] = []
+        self.versions: dict[str, set[str]] = {url: set() for url in urls}
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(url,), daemon=True) for url in urls]
+
+    def _run(self, url: str) -> None:
+        body = orjson.dumps({"requests": ROWS})
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.is_set():
+                try:
+                    response = client.post(url + "/predict/bulk/strict", content=body)
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"{url}: {exc!r}")
+                    continue
+                if response.status_code != 200:
+                    self.errors.append(f"{url}: {response.status_code} {response.text[:200]}")
+                    continue
+                self.versions[url].update(p["model_version"] for p in response.json()["predictions"])
+                time.sleep(0.005)
+
+    def __enter__(self) -> Predicting:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10)
+
+
+def _damaged_copy(store: ModelStore, source: str, damage: Callable[[Path], None]) -> str:
+    """A new version with ``source``'s files and manifest, damaged, then made current atomically."""
+    sequence = 1 + max(int(v.split("-", 1)[0]) for v in store.versions())
+    version = f"{sequence:06d}-trained"
+    staging = store.root / f".staging-{uuid.uuid4().hex}"
+    shutil.copytree(store.versions_dir / source, staging)
+    manifest = orjson.loads((staging / MANIFEST_FILE).read_bytes())
+    manifest.update(version=version, sequence=sequence)
+    (staging / MANIFEST_FILE).write_bytes(orjson.dumps(manifest))
+    damage(staging)
+    os.rename(staging, store.versions_dir / version)
+    pointer = store.root / f".CURRENT.{uuid.uuid4().hex}"
+    pointer.write_text(version)
+    os.replace(pointer, store.root / "CURRENT")
+    return version
+
+
+def _truncate_model(directory: Path) -> None:
+    path = directory / "ttft.ubj"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _truncate_manifest(directory: Path) -> None:
+    path = directory / MANIFEST_FILE
+    path.write_bytes(path.read_bytes()[:40])
+
+
+def _status(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(url + "/status", timeout=5).json()
+    return body
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _feed_and_retrain(training: RunningService, seed: int) -> str:
+    entries = synthetic.to_entries(synthetic.samples(3000, np.random.default_rng(seed)))
+    response = httpx.post(
+        training.url + "/add_training_data_bulk", content=orjson.dumps({"entries": entries})
+    )
+    assert response.status_code == 202
+    target = 3000 * (seed + 1)
+    _wait(lambda: _status(training.url)["window"]["samples"] >= target, "samples in the window")
+    outcome = httpx.post(training.url + "/retrain", params={"wait": "true"}, timeout=60).json()
+    assert outcome["outcome"] == "published", outcome
+    version: str = outcome["version"]
+    return version
+
+
+def test_truncated_files_in_the_store_are_refused_and_the_trained_version_keeps_serving(
+    tmp_path: Path,
+) -> None:
+    data_dir, logs = tmp_path / "data", tmp_path / "logs"
+    training = start_service("training_server", ["--data-dir", str(data_dir), *TRAINING_FLAGS], log_dir=logs)
+    replicas: list[RunningService] = []
+    try:
+        good = _feed_and_retrain(training, seed=0)
+        for store_arg in (str(data_dir / "models"), training.url):
+            replicas.append(
+                start_service(
+                    "prediction_server",
+                    ["--store", store_arg, "--poll-interval-s", "0.1"],
+                    log_dir=logs,
+                    ready_path="/readyz",
+                )
+            )
+        urls = [r.url for r in replicas]
+        _wait(lambda: all(_status(url)["model_version"] == good for url in urls), f"both to serve {good}")
+        store = ModelStore(data_dir / "models")
+        with Predicting(urls) as predicting:
+            truncated = _damaged_copy(store, good, _truncate_model)
+            _wait(lambda: all(truncated in _status(url)["refused_versions"] for url in urls), "refusals")
+            unreadable = _damaged_copy(store, good, _truncate_manifest)
+            _wait(lambda: all(len(_status(url)["refused_versions"]) == 2 for url in urls), "second refusals")
+            time.sleep(0.5)  # more polls: refusals are remembered, the good version keeps answering
+            damaged_versions = {url: set(v) for url, v in predicting.versions.items()}
+            statuses = {url: _status(url) for url in urls}
+            # The training server's own current version is unreadable: it still trains and publishes.
+            recovered = _feed_and_retrain(training, seed=1)
+            _wait(lambda: all(_status(url)["model_version"] == recovered for url in urls), "the next version")
+        assert predicting.errors == [], predicting.errors[:5]
+        for url in urls:
+            assert damaged_versions[url] == {good}, damaged_versions
+            status = statuses[url]
+            assert status["model_version"] == good
+            assert "checksum mismatch" in status["refused_versions"][truncated], status["refused_versions"]
+            assert unreadable not in predicting.versions[url]
+        assert statuses[urls[1]]["store_reachable"] is True
+        assert recovered not in (truncated, unreadable)
+        assert int(recovered.split("-")[0]) > int(unreadable.split("-")[0])
+    finally:
+        for service in [*replicas, training]:
+            service.stop()
