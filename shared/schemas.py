@@ -126,13 +126,16 @@ def parse_rows(
     rows: Sequence[Any],
     loc: Sequence[str | int] = ("body", "requests"),
     fields: Sequence[FieldSpec] = ROW_FIELDS,
+    *,
+    max_errors: int = MAX_REPORTED_ERRORS,
 ) -> Columns:
     """Validate feature rows and return them as columns, or raise ``InvalidInput``.
 
     ``loc`` prefixes each error location; the row index and the field name follow it.
     Unknown fields are ignored. Optional fields that are absent or ``null`` take their default.
+    The exception lists at most ``max_errors`` items (and counts all of them).
     """
-    errors = _Errors()
+    errors = _Errors(max_errors)
     not_objects = [i for i, row in enumerate(rows) if type(row) is not dict]
     for i in not_objects:
         errors.add("dict_type", [*loc, i], "Input should be a valid dictionary", rows[i])
@@ -301,13 +304,14 @@ def _parse_timestamp(value: Any) -> float | None:
 class _Errors:
     """Collects error items, keeping the first few and counting all."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_items: int = MAX_REPORTED_ERRORS) -> None:
         self.items: list[dict[str, Any]] = []
         self.total = 0
+        self.max_items = max_items
 
     def add(self, kind: str, loc: list[Any], msg: str, value: Any) -> None:
         self.total += 1
-        if len(self.items) < MAX_REPORTED_ERRORS:
+        if len(self.items) < self.max_items:
             self.items.append(_err(kind, loc, msg, value))
 
     def raise_if_any(self) -> None:
