@@ -41,6 +41,7 @@ _ROW_MARKER = b'"input_token_length"'
 # Rows of a failing /predict/bulk body re-validated inline; above this, in a worker thread so
 # that a large malformed body does not stall the other calls of this process.
 _INLINE_PARTITION_ROWS = 256
+_ALL_ERRORS = 2**31  # bounded in practice by rows x fields: the body is already size-limited
 
 
 class PredictionApi:
@@ -244,27 +245,18 @@ def _bulk_body(
 def partition_rows(rows: Sequence[Any]) -> tuple[list[int], Columns | None, list[dict[str, Any]]]:
     """Split a bulk body into its valid rows (indices and columns) and one error item per invalid row.
 
-    Only called when the body as a whole failed validation. Validating the rows together
-    again after dropping the reported ones is cheap while few rows are bad; when there were too
-    many errors to report them all, each row is validated on its own.
+    Only called when the body as a whole failed validation. Each pass is one vectorised
+    validation of the remaining rows that reports every error; it ends after at most three
+    passes (rows that are not objects are reported before any field is looked at).
     """
     pending = list(range(len(rows)))
     problems: dict[int, list[dict[str, Any]]] = {}
     columns: Columns | None = None
     while pending:
         try:
-            columns = parse_rows([rows[i] for i in pending], loc=())
+            columns = parse_rows([rows[i] for i in pending], loc=(), max_errors=_ALL_ERRORS)
             break
         except InvalidInput as exc:
-            if exc.total_errors > len(exc.errors):
-                for i in pending:
-                    try:
-                        parse_rows([rows[i]], loc=())
-                    except InvalidInput as row_exc:
-                        problems[i] = [_relocate(e, i) for e in row_exc.errors]
-                pending = [i for i in pending if i not in problems]
-                columns = parse_rows([rows[i] for i in pending], loc=()) if pending else None
-                break
             for error in exc.errors:
                 index = pending[error["loc"][0]]
                 problems.setdefault(index, []).append(_relocate(error, index))

@@ -334,3 +334,13 @@ async def test_a_newly_published_version_answers_within_a_poll(tmp_path: Path) -
         assert after["model_version"] == second.version
         assert after["ttft_ms"] != before["ttft_ms"]
         assert after["last_model_load"] > before["last_model_load"]
+
+
+async def test_lenient_bulk_with_every_row_bad_reports_every_row(client: httpx.AsyncClient) -> None:
+    rows: list[Any] = [{**ROW, "num_tokens_generated": -i - 1} for i in range(3000)]
+    rows[7] = None
+    body = (await client.post("/predict/bulk", json={"requests": rows})).json()
+    assert body["failed_predictions"] == 3000 and body["predictions"] == [None] * 3000
+    assert [e["index"] for e in body["errors"]] == list(range(3000))
+    assert body["errors"][7]["detail"][0]["type"] == "dict_type"
+    assert body["errors"][2999]["detail"][0]["loc"] == ["body", "requests", 2999, "num_tokens_generated"]
