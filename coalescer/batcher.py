@@ -384,6 +384,11 @@ class Batcher:
         if failure.eject:
             self._pool.mark_failure(replica, str(failure))
         batch.last_error = failure.caller_error
+        # A caller whose time is up gets its 504 now, whichever timer fired first.
+        expired = self._clock() + MIN_ATTEMPT_S
+        for ticket in batch.tickets:
+            if ticket.deadline <= expired:
+                ticket.fail(DeadlineExceeded("deadline exceeded before the prediction arrived"))
         batch.prune()
         if not batch.tickets:
             return

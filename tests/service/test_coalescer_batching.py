@@ -169,6 +169,10 @@ async def test_deadline_expiry_is_a_504_and_the_header_can_only_shorten_it() -> 
         longer_s = time.perf_counter() - started
         assert longer.status_code == 504
         assert 0.35 <= longer_s < 1.0  # capped at the 400 ms default
+        # The call's own timeout and the caller's deadline timer fire together: always a 504.
+        for _ in range(10):
+            racing = await client.post(STRICT, json={"requests": rows(1)}, headers={"X-Deadline-Ms": "30"})
+            assert racing.status_code == 504, racing.text
         bad = await client.post(STRICT, json={"requests": rows(2)}, headers={"X-Deadline-Ms": "soon"})
         assert bad.status_code == 422
         assert bad.json()["detail"][0]["loc"] == ["header", "x-deadline-ms"]

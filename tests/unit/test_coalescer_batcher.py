@@ -15,7 +15,8 @@ import pytest
 from coalescer.batcher import Batcher, Ticket
 from coalescer.metrics import create_metrics
 from coalescer.upstreams import ReplicaPool
-from shared.errors import Overloaded
+from shared.errors import DeadlineExceeded, Overloaded
+from tests.procs import free_port
 
 
 class Clock:
@@ -124,3 +125,19 @@ async def test_abandoned_callers_free_their_queue_space(
     batcher.submit(rows(50), clock.now + 10)
     assert batcher.queued_rows == 90
     assert second.waiting
+
+
+async def test_a_failure_after_the_deadline_is_a_504_not_a_502() -> None:
+    clock = Clock()
+    pool = ReplicaPool(max_inflight=1, eject_cooldown_s=5.0, http=httpx.AsyncClient(), clock=clock)
+    pool.set_urls([f"http://127.0.0.1:{free_port()}"])  # nothing listens: the call fails at once
+    batcher = Batcher(
+        pool, create_metrics(), window_s=0.001, max_batch_rows=50, max_queued_rows=100, eager_inflight=1,
+        max_inflight=1, clock=clock,
+    )  # fmt: skip
+    (ticket,) = batcher.submit(rows(1), clock.now + 0.2)
+    assert not ticket.waiting  # it left at once
+    clock.now += 0.5  # by the time the failure is seen, the caller's time is up
+    with pytest.raises(DeadlineExceeded):
+        await ticket.future
+    await batcher.close()
