@@ -8,8 +8,9 @@ unpinned. The direct baseline calls the same replica with the same client, so bo
 the same client cost; the coalescer shares its core with the load generator, which is the
 conservative choice for the coalescer.
 
-1. Added latency at low load: one caller, sequential calls of ``--rows`` rows, direct vs
-   through the coalescer; p50/p90/p99 per run, and the processes' CPU time per call.
+1. Added latency at low load: one caller, sequential calls of ``--rows`` rows, direct and
+   through the coalescer in alternating blocks of 100 calls (so both see the same background
+   load); p50/p90/p99 per run, and the processes' CPU time per call.
 2. Throughput: ``--concurrency`` closed-loop callers of ``--rows`` rows for ``--duration-s``,
    direct vs through the coalescer; the coalescer's mean batch (callers and rows per upstream
    call) comes from its /metrics.
@@ -103,24 +104,42 @@ def metric(url: str, name: str) -> float:
 # ---- load generators -------------------------------------------------------------------
 
 
-async def sequential(url: str, body: bytes, calls: int, pid: int) -> dict[str, float]:
-    pool = Http1Pool(url)
-    for _ in range(200):
-        await pool.request("POST", STRICT, body, timeout_s=5.0)
-    latencies = []
-    cpu0 = cpu_s(pid)
-    for _ in range(calls):
-        started = time.perf_counter()
-        response = await pool.request("POST", STRICT, body, timeout_s=5.0)
-        latencies.append(time.perf_counter() - started)
-        assert response.status == 200, response.body[:200]
-    cpu_per_call_us = (cpu_s(pid) - cpu0) / calls * 1e6
-    pool.close()
+async def sequential(
+    direct_url: str, coalescer_url: str, body: bytes, calls: int, pids: tuple[int, int], block: int = 100
+) -> dict[str, dict[str, float]]:
+    """One caller, direct and through the coalescer in alternating blocks of ``block`` calls.
+
+    Fine-grained alternation exposes both paths to the same background load on a shared box;
+    each side's CPU is counted only while its own block runs.
+    """
+    pools = {"direct": Http1Pool(direct_url), "coalescer": Http1Pool(coalescer_url)}
+    for pool in pools.values():
+        for _ in range(200):
+            await pool.request("POST", STRICT, body, timeout_s=5.0)
+    latencies: dict[str, list[float]] = {"direct": [], "coalescer": []}
+    cpu = {"direct": 0.0, "coalescer": 0.0}
+    pid_of = {"direct": pids[0], "coalescer": pids[1]}
+    for round_ in range(max(1, calls // block)):
+        order = ("direct", "coalescer") if round_ % 2 == 0 else ("coalescer", "direct")
+        for side in order:
+            pool, sink, pid = pools[side], latencies[side], pid_of[side]
+            cpu0 = cpu_s(pid)
+            for _ in range(block):
+                started = time.perf_counter()
+                response = await pool.request("POST", STRICT, body, timeout_s=5.0)
+                sink.append(time.perf_counter() - started)
+                assert response.status == 200, response.body[:200]
+            cpu[side] += cpu_s(pid) - cpu0
+    for pool in pools.values():
+        pool.close()
     return {
-        "p50_us": pct(latencies, 0.5) * 1e6,
-        "p90_us": pct(latencies, 0.9) * 1e6,
-        "p99_us": pct(latencies, 0.99) * 1e6,
-        "cpu_per_call_us": cpu_per_call_us,
+        side: {
+            "p50_us": pct(values, 0.5) * 1e6,
+            "p90_us": pct(values, 0.9) * 1e6,
+            "p99_us": pct(values, 0.99) * 1e6,
+            "cpu_per_call_us": cpu[side] / len(values) * 1e6,
+        }
+        for side, values in latencies.items()
     }
 
 
@@ -258,10 +277,10 @@ def run_phases(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {"latency": [], "throughput": [], "overload": []}
     try:
         for run in range(args.runs):
-            direct = uvloop.run(sequential(replica.url, body, args.latency_calls, replica.proc.pid))
-            through = uvloop.run(sequential(coalescer.url, body, args.latency_calls, coalescer.proc.pid))
-            report["latency"].append({"direct": direct, "coalescer": through})
-            print(f"latency run {run + 1}: direct {direct}  coalescer {through}", flush=True)
+            pids = (replica.proc.pid, coalescer.proc.pid)
+            result = uvloop.run(sequential(replica.url, coalescer.url, body, args.latency_calls, pids))
+            report["latency"].append(result)
+            print(f"latency run {run + 1}: {result}", flush=True)
         for run in range(args.runs):
             direct = uvloop.run(closed_loop(replica.url, body, args.concurrency, args.duration_s))
             before = {n: metric(coalescer.url, n) for n in BATCH_METRICS}
@@ -410,10 +429,11 @@ def markdown(
 
 NOTES = """Notes:
 - Client: the same lean keep-alive HTTP/1.1 client (`coalescer.http1`) calls the replica directly
-  and the coalescer, so "added latency" is the coalescer's extra hop: one more HTTP server and one
-  more HTTP client in the path, plus validation, queueing and the split of the answer. "CPU per
-  call" is the process's user+system time divided by the calls (robust to other load; capacity
-  on one core is roughly 1 / that figure). For scale: a do-nothing uvicorn proxy that forwards
+  and the coalescer, in alternating blocks of 100 calls, so "added latency" is the coalescer's
+  extra hop: one more HTTP server and one more HTTP client in the path, plus validation,
+  queueing and the split of the answer. "CPU per call" is the process's user+system time over
+  its own blocks divided by their calls (robust to other load; capacity on one core is roughly
+  1 / that figure). For scale: a do-nothing uvicorn proxy that forwards
   bytes with the same client costs about 160-190 µs of CPU per call and adds about 200 µs on this
   box; most of the coalescer's cost is that HTTP floor.
 - Throughput: 64 callers in a closed loop, 1 s warm-up then the measured window. Direct, every
@@ -438,7 +458,9 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rows", type=int, default=10, help="rows per call")
-    parser.add_argument("--latency-calls", type=int, default=2000, help="sequential calls per latency run")
+    parser.add_argument(
+        "--latency-calls", type=int, default=2000, help="sequential calls per side per latency run"
+    )
     parser.add_argument(
         "--concurrency", type=int, default=64, help="closed-loop callers in the throughput phase"
     )
