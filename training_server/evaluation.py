@@ -8,6 +8,14 @@ Calibration is split-conformal on the model margin: with residuals ``r = target 
 on a calibration split, adding the ``ceil((n + 1) q) / n`` empirical quantile of ``r`` to
 every margin makes ``P(actual <= prediction) >= q`` on exchangeable data, and at most
 ``q + 1/(n + 1)`` in expectation. The offset goes into ``ModelSpec.calibration_offset``.
+
+Latency samples are not exchangeable in time: bursts of traffic raise the latency of every
+request for seconds at a time, and the routing-time features cannot see the burst that is
+still to come. A calibration split taken as one contiguous stretch (say, the newest samples)
+therefore holds one regime, a lull or a burst, and its offset swings from version to version
+with whatever that stretch happened to be. ``calibration_mask`` instead spreads the split over
+the whole window, in many short runs, so the offset reflects the mix of regimes that the served
+version will meet.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from shared.artifacts import Objective
 from training_server.window import stratum_label
 
 MIN_STRATUM_EVAL = 10  # strata with fewer held-out samples are too noisy to report
+CALIBRATION_RUNS = 40  # runs the calibration split is spread over (see calibration_mask)
 
 
 def pinball_loss(actual: np.ndarray, predicted: np.ndarray, quantile: float) -> np.ndarray:
@@ -36,6 +45,23 @@ def conformal_offset(residuals: np.ndarray, quantile: float) -> float:
         return 0.0
     k = min(n, math.ceil((n + 1) * quantile))
     return float(np.partition(residuals, k - 1)[k - 1])
+
+
+def calibration_mask(n: int, n_cal: int, runs: int = CALIBRATION_RUNS) -> np.ndarray:
+    """Which of ``n`` time-ordered samples form the calibration split: ``n_cal`` of them.
+
+    The span is cut into ``runs`` equal segments and the newest rows of each segment calibrate,
+    the older ones train. Calibration thus samples every part of the window (each run is predicted
+    by a model trained on the data around it and before it), instead of only its newest stretch.
+    """
+    n_cal = max(0, min(n_cal, n))
+    runs = max(1, min(runs, n_cal))
+    position = np.arange(n)
+    segment = position * runs // max(n, 1)
+    segment_end = np.cumsum(np.bincount(segment, minlength=runs))
+    quota = np.bincount(np.arange(n_cal) * runs // max(n_cal, 1), minlength=runs)
+    rank_from_newest = segment_end[segment] - position  # 1 for the newest row of its segment
+    return np.asarray(rank_from_newest <= quota[segment])
 
 
 def mean_offset(target: np.ndarray, margin: np.ndarray) -> float:

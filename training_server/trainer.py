@@ -2,10 +2,12 @@
 
 ``Trainer.run`` is blocking and runs in the service's single trainer thread (never on the
 event loop). For each model it keeps the samples whose target is non-zero (0 means the
-sample carries no such latency), orders them by (timestamp, arrival) and splits them into
-*train* (oldest), *calibration* (next) and *held-out* (newest) parts, so evaluation
-predicts the future as production does. A quantile (or mean) XGBoost model is fitted on
-log1p(latency), calibrated with a conformal offset on the calibration part, and scored on
+sample carries no such latency), orders them by (timestamp, arrival) and holds out the
+newest part, so evaluation predicts the future as production does. The rest is split into
+*train* and *calibration* parts, the calibration part spread over the whole span in short
+runs (``evaluation.calibration_mask``): under bursty traffic a contiguous stretch holds one
+regime and would make the offset swing with it. A quantile (or mean) XGBoost model is fitted
+on log1p(latency), calibrated with a conformal offset on the calibration part, and scored on
 the held-out part. The current published version is scored on the same held-out samples;
 the candidate replaces it only if it is not worse. A model that cannot be trained or loses
 keeps the current one, so a version may update just one of the two models.
@@ -14,6 +16,7 @@ keeps the current one, so a version may update just one of the two models.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ from training_server.window import WindowSnapshot, fair_quota
 log = logging.getLogger(__name__)
 
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
+MIN_TAIL_SAMPLES = 5  # samples a leaf needs beyond its quantile for that quantile to mean anything
 Outcome = Literal["published", "rejected", "skipped", "failed", "cancelled"]
 
 
@@ -97,7 +101,7 @@ class Trainer:
             "max_depth": s.max_depth,
             "eta": s.learning_rate,
             "max_bin": s.max_bin,
-            "min_child_weight": 5,
+            "min_child_weight": min_leaf_samples(s.objective, s.quantile),
             "nthread": s.training_threads,
             "seed": 0,
             "verbosity": 0,
@@ -136,7 +140,9 @@ class Trainer:
         rows = rows[np.lexsort((snap.column("seq")[rows], snap.column("timestamp")[rows]))]
         n_hold = max(1, round(len(rows) * s.holdout_fraction))
         n_cal = max(1, round(len(rows) * s.calibration_fraction))
-        train, cal, hold = np.split(rows, [len(rows) - n_hold - n_cal, len(rows) - n_hold])
+        fit_rows, hold = rows[: len(rows) - n_hold], rows[len(rows) - n_hold :]
+        is_cal = evaluation.calibration_mask(len(fit_rows), n_cal)
+        train, cal = fit_rows[~is_cal], fit_rows[is_cal]
         target = to_margin_target(actual, "log1p")
         weight = None
         if s.recency_half_life_s > 0:
@@ -279,6 +285,19 @@ class Trainer:
             boosters[name] = booster
         self._current = _Current(model_set.manifest, model_set.files, boosters)
         return self._current
+
+
+def min_leaf_samples(objective: str, quantile: float) -> int:
+    """XGBoost's ``min_child_weight``: the fewest samples per leaf (the hessian is 1 per sample).
+
+    A quantile leaf's value is the q-quantile of its samples' residuals, so it needs
+    ``MIN_TAIL_SAMPLES`` samples beyond that quantile: 50 for p90 instead of a flat 5, which let
+    p90 leaves follow single samples (docs/benchmarks-accuracy.md: lower pinball loss for both
+    models on the simulator).
+    """
+    if objective != "quantile":
+        return MIN_TAIL_SAMPLES
+    return math.ceil(MIN_TAIL_SAMPLES / min(quantile, 1.0 - quantile) - 1e-9)
 
 
 def thin(snapshot: WindowSnapshot, max_samples: int) -> WindowSnapshot:
