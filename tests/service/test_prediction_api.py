@@ -99,7 +99,7 @@ async def test_predictions_through_http_equal_xgboost_booster_predict(
     client: httpx.AsyncClient, store: tuple[ModelStore, Manifest]
 ) -> None:
     rows = random_rows(2000, np.random.default_rng(11))
-    predictions = []
+    predictions: list[dict[str, Any]] = []
     for size in (2, 8, 10, 30, 50, 100, 300, 1500):  # small calls (compiled forest) and large (XGBoost)
         start = len(predictions)
         response = await client.post("/predict/bulk/strict", json={"requests": rows[start : start + size]})

@@ -14,7 +14,8 @@ import pytest
 from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
 from prediction_server.predictor import BUILTIN_PRIOR_VERSION
-from prediction_server.store_watcher import STARTUP_STORE_BUDGET_S, StoreWatcher, parse_manifest
+from prediction_server.store_sources import parse_manifest
+from prediction_server.store_watcher import STARTUP_STORE_BUDGET_S, StoreWatcher
 from shared.artifacts import ModelStore
 from shared.metrics import new_registry
 from tests.prediction_support import (
