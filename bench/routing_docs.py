@@ -17,19 +17,39 @@ def verdicts(results: Sequence[RunResult], heuristics: set[str]) -> list[str]:
         rows = [r for r in results if r.scenario == scenario]
         h = max((r for r in rows if r.policy in heuristics), key=lambda r: r.attainment)
         p = max((r for r in rows if r.policy not in heuristics), key=lambda r: r.attainment)
-        routing_only = [r for r in rows if r.policy not in heuristics and r.rejected == 0]
-        q = max(routing_only, key=lambda r: r.attainment) if routing_only else None
+        no_shedding = [r for r in rows if r.policy not in heuristics and r.rejected == 0]
+        plain = [r for r in no_shedding if "sacrifice" not in r.policy]
         line = (
             f"- **{scenario}**: best predicted-latency policy {p.policy} {100 * p.attainment:.1f}% vs best "
-            f"heuristic {h.policy} {100 * h.attainment:.1f}% ({100 * (p.attainment - h.attainment):+.1f} pts)"
+            f"heuristic {h.policy} {100 * h.attainment:.1f}% ({_pts(p, h)})"
         )
-        if q is not None and q is not p:
-            line += (
-                f"; without shedding, {q.policy} {100 * q.attainment:.1f}% "
-                f"({100 * (q.attainment - h.attainment):+.1f} pts)"
-            )
+        for label, group in (("without shedding", no_shedding), ("routing alone", plain)):
+            q = max(group, key=lambda r: r.attainment) if group else None
+            if q is not None and q is not p:
+                line += f"; {label}, {q.policy} {100 * q.attainment:.1f}% ({_pts(q, h)})"
+                p = q
         lines.append(line + ".")
     return lines
+
+
+def _pts(a: RunResult, b: RunResult) -> str:
+    return f"{100 * (a.attainment - b.attainment):+.1f} pts"
+
+
+HISTORY = """## History of this benchmark
+
+- The policies' parameters were chosen on a validation seed (2002) with the same mixes and
+  loads, never on the evaluation seed (7).
+- The first full run on the evaluation seed (before `slo-spread+sacrifice` existed; all other
+  policies as here) found the best predicted-latency policy ahead of the best heuristic at every
+  load, but at *chat / bursty near-saturation* only by 1.3 points (prefix-affinity+admission
+  49.9% vs least-kv 48.6%; prefix-heavy / bursty: +5.0). Its other summary rows: chat low +0.4,
+  medium +2.8, high +8.9; prefix-heavy low +0.1, medium +0.4, high +1.3 points.
+- `least-kv` wins that overload by starving part of the traffic (TTFT p99 39 s). Sending the
+  requests that are predicted to miss their SLO anywhere to the slowest pod does the same on
+  purpose: it was tried on the validation seed only (slack 0.25 chosen there) and added as
+  `slo-spread+sacrifice`; this document is the run after that change.
+"""
 
 
 def write_report(
@@ -141,6 +161,10 @@ goodput (completions within SLO) are per second of simulated time.
 
 ## Reading it honestly
 
+- In the summary, "without shedding" leaves out policies that reject requests; "routing
+  alone" also leaves out `slo-spread+sacrifice`, whose gains come from giving up on requests
+  (compare the TTFT p99 columns).
+
 - The simulator's pods are identical and the wire features do not identify a pod, so the
   models learn a state-to-latency map shared by all pods; gains can only come from reading that
   state better than the heuristics do (prompt and prefix-hit sizes, tokens in flight, KV use).
@@ -148,6 +172,9 @@ goodput (completions within SLO) are per second of simulated time.
   (prefix 3, queue 2, KV 2) and is a strong baseline whenever prefix reuse matters.
 - Admission control sheds requests; its attainment counts them as misses, and the "rejected"
   column shows how many. The "without shedding" comparison in the summary isolates routing.
-- One seed per scenario: differences below about one point are within what another seed moves.
-"""
+- One workload seed per scenario. The noise floor column is how far composite moves when only
+  its random tie-breaks change; across workload seeds, the difference between two heuristics
+  moved by up to about 1.3 points (standard deviation, 6 seeds) in exploratory runs.
+
+{HISTORY}"""
     path.write_text(text)

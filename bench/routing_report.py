@@ -40,8 +40,8 @@ def summary_table(
     """Per load: the best heuristic, the best predicted-latency policy and the difference in points."""
     lines = [
         "| load | offered (req/s) | best heuristic | attainment | best predicted-latency policy "
-        "| attainment | difference | noise floor |",
-        "|---|---:|---|---:|---|---:|---:|---:|",
+        "| attainment | difference | noise floor | TTFT p99 (ms), heuristic / predicted |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|",
     ]
     for load in _ordered(r.scenario for r in results):
         rows = [r for r in results if r.scenario == load]
@@ -51,7 +51,8 @@ def summary_table(
         floor = noise.get(load, math.nan)
         lines.append(
             f"| {load} | {offered.get(load, math.nan):.1f} | {h.policy} | {100 * h.attainment:.1f}% "
-            f"| {p.policy} | {100 * p.attainment:.1f}% | {diff:+.1f} pts | {floor:.1f} pts |"
+            f"| {p.policy} | {100 * p.attainment:.1f}% | {diff:+.1f} pts | {floor:.1f} pts "
+            f"| {h.ttft_ms['p99']:.0f} / {p.ttft_ms['p99']:.0f} |"
         )
     return "\n".join(lines)
 

@@ -52,6 +52,7 @@ PREDICTED: dict[str, PolicyFactory] = {
     "slo-spread": lambda seed: SloHeadroom("spread", seed=seed),
     "slo-spread softmax": lambda seed: SloHeadroom("spread", picker=Picker(temperature=0.02, seed=seed)),
     "prefix-affinity": _affinity,
+    "slo-spread+sacrifice": lambda seed: SloHeadroom("spread", sacrifice_slack_frac=0.25, seed=seed),
     "slo-spread+admission": lambda seed: Admission(SloHeadroom("spread", seed=seed), slack_frac=0.25),
     "prefix-affinity+admission": lambda seed: Admission(_affinity(seed), slack_frac=0.25),
 }
@@ -70,6 +71,9 @@ DESCRIPTIONS = {
     "temperature 0.02 (2% of the SLO)",
     "prefix-affinity": "pods with prefix-cache score >= 0.5 preferred unless their predicted TTFT "
     "exceeds the best pod's by more than max(50 ms, 25%); slo-spread among them; 5% exploration",
+    "slo-spread+sacrifice": "slo-spread, but a request every pod is predicted to miss by more than 25% "
+    "of its SLO goes to the pod with the highest predicted TTFT (keeps the good pods for requests "
+    "that can still make it; the sacrificed requests wait long: see TTFT p99)",
     "slo-spread+admission": "slo-spread; a sheddable request is rejected when every pod's predicted TTFT "
     "or TPOT exceeds its SLO by more than 25%",
     "prefix-affinity+admission": "prefix-affinity with the same admission rule",

@@ -14,7 +14,8 @@ Policies and their parameters:
     ``tpot_weight`` tokens after the first. ``tpot_weight=0`` routes by TTFT alone. SLOs are
     ignored.
 
-``SloHeadroom(strategy, ttft_weight, tpot_weight, margin_frac, tpot_weight_no_slo)``
+``SloHeadroom(strategy, ttft_weight, tpot_weight, margin_frac, tpot_weight_no_slo,
+sacrifice_slack_frac)``
     headroom = SLO - prediction, for TTFT and TPOT; a pod *meets* the SLO if both are
     >= ``margin_frac`` * SLO. If some pods meet it, only they stay in the draw, ranked by
     the weighted relative headroom h = w_ttft * (ttft headroom / TTFT SLO) + w_tpot * (tpot
@@ -22,6 +23,12 @@ Policies and their parameters:
     up, keeps others free for later requests), ``"spread"`` the most (safety margin against
     prediction error and bursts). If none meets it, the least negative headroom wins (cost =
     weighted relative shortfall). A request without SLOs is routed as ``LowestLatency``.
+    Optional ``sacrifice_slack_frac`` (off by default): a request that every pod is
+    predicted to miss by more than that fraction of its SLO goes to the pod with the
+    *highest* predicted TTFT instead, keeping the better pods for requests that can still
+    make it. Under overload this raises SLO attainment a lot, at the price of a very long
+    tail for the sacrificed requests; shedding them (``Admission``) is the cleaner choice
+    where the request may be rejected.
 
 ``PrefixAffinity(base, threshold, ttft_margin_ms, ttft_margin_frac, epsilon)``
     Prefer pods whose ``prefix_cache_score`` >= ``threshold`` (their cache saves prefill),
@@ -113,11 +120,14 @@ class SloHeadroom(PredictedPolicy):
         tpot_weight: float = 0.5,
         margin_frac: float = 0.0,
         tpot_weight_no_slo: float = 0.0,
+        sacrifice_slack_frac: float | None = None,
         picker: Picker | None = None,
         seed: int = 0,
     ) -> None:
         if strategy not in ("pack", "spread"):
             raise ValueError("strategy must be 'pack' or 'spread'")
+        if sacrifice_slack_frac is not None and sacrifice_slack_frac < 0:
+            raise ValueError("sacrifice_slack_frac must be >= 0 (or None)")
         if ttft_weight < 0 or tpot_weight < 0 or ttft_weight + tpot_weight <= 0:
             raise ValueError("ttft_weight and tpot_weight must be >= 0 and not both zero")
         if not 0.0 <= margin_frac < 1.0:
@@ -128,6 +138,9 @@ class SloHeadroom(PredictedPolicy):
         self.ttft_weight = ttft_weight
         self.tpot_weight = tpot_weight
         self.margin_frac = margin_frac
+        self.sacrifice_slack_frac = sacrifice_slack_frac
+        if sacrifice_slack_frac is not None:
+            self.name += "+sacrifice"
         self._no_slo = LowestLatency(tpot_weight_no_slo)
 
     def headrooms(self, request: RoutingRequest, prediction: Prediction) -> tuple[float, float]:
@@ -159,6 +172,9 @@ class SloHeadroom(PredictedPolicy):
             shortfall.append((w_ttft * max(0.0, margin - ttft) + w_tpot * max(0.0, margin - tpot)) / total)
         if any(math.isfinite(c) for c in meeting):
             return meeting, f"{self.strategy}: pods meeting the SLO"
+        slack = self.sacrifice_slack_frac
+        if slack is not None and not any(meets_slo(request, p, -slack) for p in predictions):
+            return [-p.ttft_ms for p in predictions], "hopeless: sacrificed to the slowest pod"
         return shortfall, "no pod meets the SLO: least shortfall"
 
 

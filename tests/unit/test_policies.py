@@ -253,3 +253,15 @@ def test_admission_slack_tolerates_predictions_somewhat_above_the_slo() -> None:
     assert Admission(SloHeadroom("spread"), slack_frac=0.25).choose(request, IDLE[:2], near).pod == 0
     far = preds((800, 45), (900, 55))  # 1.6x
     assert Admission(SloHeadroom("spread"), slack_frac=0.5).choose(request, IDLE[:2], far).pod is None
+
+
+def test_sacrifice_sends_hopeless_requests_to_the_slowest_pod() -> None:
+    policy = SloHeadroom("spread", sacrifice_slack_frac=0.25)
+    hopeless = preds((900, 45), (2000, 55), (700, 40))  # every pod > 1.25x the TTFT SLO
+    decision = policy.choose(SLO, IDLE, hopeless)
+    assert (
+        decision.pod == 1 and decision.reason.startswith("hopeless") and policy.name == "slo-spread+sacrifice"
+    )
+    close = preds((600, 45), (2000, 55), (700, 40))  # pod 0 within the slack: least shortfall
+    assert policy.choose(SLO, IDLE, close).pod == 0
+    assert policy.choose(SLO, IDLE, SLO_PREDS).pod == 0  # someone meets it: spread as usual
