@@ -434,7 +434,7 @@ NOTES = """Notes:
   queueing and the split of the answer. "CPU per call" is the process's user+system time over
   its own blocks divided by their calls (robust to other load; capacity on one core is roughly
   1 / that figure). For scale: a do-nothing uvicorn proxy that forwards
-  bytes with the same client costs about 160-190 µs of CPU per call and adds about 200 µs on this
+  bytes with the same client costs about 150-160 µs of CPU per call and adds 150-250 µs on this
   box; most of the coalescer's cost is that HTTP floor.
 - Throughput: 64 callers in a closed loop, 1 s warm-up then the measured window. Direct, every
   call pays the replica's fixed per-call cost (HTTP, parsing, two model calls, ~300 µs); through
