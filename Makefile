@@ -5,15 +5,20 @@ PY ?= .venv/bin/python
 install:
 	python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'
 lint:
-	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy shared training_server prediction_server coalescer stack
+	$(PY) -m ruff check . && $(PY) -m ruff format --check . && $(PY) -m mypy shared training_server prediction_server coalescer stack scheduler_client
 test:
 	$(PY) -m pytest
 unit:
 	$(PY) -m pytest tests/unit tests/service
 e2e:
 	$(PY) -m pytest -m e2e
-bench:
-	$(PY) bench/run_all.py
+bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~45 min in all)
+	OMP_NUM_THREADS=1 $(PY) bench/training_ingest.py --out docs/benchmarks-training.md
+	OMP_NUM_THREADS=1 $(PY) bench/prediction_load.py --runs 3 --duration-s 10
+	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/tree_eval.py
+	OMP_NUM_THREADS=1 $(PY) bench/coalescer_load.py --no-pin --out docs/benchmarks-coalescer.md
+	OMP_NUM_THREADS=1 $(PY) -m bench.accuracy_report
+	OMP_NUM_THREADS=1 $(PY) -m bench.routing_compare
 run:
 	$(PY) -m stack
 demo:
