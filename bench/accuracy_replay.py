@@ -1,0 +1,165 @@
+"""Replay a simulated workload through the real HTTP API, predicting every request before it runs.
+
+The built-in simulator (``stack.simulator``) is driven arrival by arrival, as a scheduler would
+see it. At each arrival the pods' routing-time rows go to ``POST /predict/bulk/strict`` (one row
+per pod, as a scheduler sends them) and the request is routed independently of the answer
+(randomly or round-robin, so the pod states, and hence the strata, vary). Completed requests are
+buffered and posted to ``POST /add_training_data_bulk`` every simulated second (the Go client's
+flush period) in completion order, without timestamps (the client's zero time: "now"), so the
+training server retrains and publishes exactly as in production. A request's prediction is thus
+made before its own sample, or any sample completed after its routing, was sent.
+
+``speed`` caps simulated seconds per wall second, which fixes how stale a model is (in simulated
+time) while a retrain runs; the training server's retrain triggers are set by the caller.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import httpx
+import numpy as np
+import orjson
+
+from shared.schemas import Columns, parse_rows
+from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
+
+Routing = Literal["random", "round-robin"]
+MAX_BATCH = 1000  # the training API's per-call flush size
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    pods: int = 8
+    rate_rps: float = 40.0
+    duration_s: float = 300.0  # simulated
+    seed: int = 0
+    routing: Routing = "random"
+    speed: float = 10.0  # simulated seconds per wall second; 0 = as fast as the calls allow
+    flush_every_s: float = 1.0  # simulated
+    call_timeout_s: float = 10.0
+
+
+@dataclass
+class ReplayResult:
+    """Per routed request (in completion order): its prediction, its outcome and its routing-time row."""
+
+    config: ReplayConfig
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    predicted_ttft_ms: list[float] = field(default_factory=list)
+    predicted_tpot_ms: list[float] = field(default_factory=list)
+    actual_ttft_ms: list[float] = field(default_factory=list)
+    actual_tpot_ms: list[float] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # "prior" or "trained"
+    routed_at_s: list[float] = field(default_factory=list)
+    samples_sent: int = 0
+    throttled: int = 0
+    prediction_calls: int = 0
+    wall_s: float = 0.0
+    sim_s: float = 0.0
+
+    def columns(self) -> Columns:
+        return parse_rows(self.rows)
+
+    def array(self, name: str) -> np.ndarray:
+        values: list[Any] = getattr(self, name)
+        return np.asarray(values, dtype=object if name in ("versions", "kinds") else np.float64)
+
+
+def replay(cfg: ReplayConfig, prediction_url: str, training_url: str) -> ReplayResult:
+    """Run the whole workload; raises on any failed prediction call or rejected sample batch."""
+    workload = Workload(
+        WorkloadConfig(rate_rps=cfg.rate_rps, num_requests=None, duration_s=cfg.duration_s, seed=cfg.seed)
+    )
+    cluster = Cluster([PodConfig() for _ in range(cfg.pods)], seed=cfg.seed)
+    choose = _chooser(cfg.routing, cfg.seed)
+    result = ReplayResult(cfg)
+    asked: dict[int, tuple[float, float, str, str]] = {}
+    buffer: list[dict[str, Any]] = []
+    with httpx.Client(timeout=cfg.call_timeout_s) as client:
+        predict_url = prediction_url.rstrip("/") + "/predict/bulk/strict"
+        ingest_url = training_url.rstrip("/") + "/add_training_data_bulk"
+
+        def flush() -> None:
+            for start in range(0, len(buffer), MAX_BATCH):
+                result.throttled += _post_samples(client, ingest_url, buffer[start : start + MAX_BATCH])
+            result.samples_sent += len(buffer)
+            buffer.clear()
+
+        def complete(done: list[Completion]) -> None:
+            for c in done:
+                _record(result, c, asked.pop(c.request.request_id))
+                buffer.append({**c.features, "actual_ttft_ms": c.ttft_ms, "actual_tpot_ms": c.tpot_ms})
+
+        started = time.monotonic()
+        next_flush_s = cfg.flush_every_s
+        for req in workload:
+            if cfg.speed > 0:
+                delay = started + req.arrival_s / cfg.speed - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            complete(cluster.advance_to(req.arrival_s))
+            if req.arrival_s >= next_flush_s:
+                flush()
+                next_flush_s = (req.arrival_s // cfg.flush_every_s + 1) * cfg.flush_every_s
+            rows = cluster.candidate_rows(req)
+            pod = choose(req, rows)
+            asked[req.request_id] = _predict(client, predict_url, rows, pod)
+            result.prediction_calls += 1
+            cluster.route(req, pod)
+        result.sim_s = cluster.now_s
+        complete(cluster.drain())
+        flush()
+        result.wall_s = time.monotonic() - started
+    return result
+
+
+def _chooser(routing: Routing, seed: int) -> Callable[[SimRequest, list[dict[str, Any]]], int]:
+    if routing == "round-robin":
+        return lambda req, rows: req.request_id % len(rows)
+    rng = random.Random(seed)
+    return lambda req, rows: rng.randrange(len(rows))
+
+
+def _predict(
+    client: httpx.Client, url: str, rows: list[dict[str, Any]], pod: int
+) -> tuple[float, float, str, str]:
+    response = client.post(url, content=orjson.dumps({"requests": rows}), headers=_JSON)
+    if response.status_code != 200:
+        raise RuntimeError(f"prediction call failed: HTTP {response.status_code}: {response.text[:300]}")
+    p = orjson.loads(response.content)["predictions"][pod]
+    return float(p["ttft_ms"]), float(p["tpot_ms"]), str(p["model_version"]), str(p.get("model_kind", ""))
+
+
+def _post_samples(client: httpx.Client, url: str, entries: list[dict[str, Any]]) -> int:
+    """Post one batch, waiting out 429s (nothing is dropped); returns how many 429s it met."""
+    throttled = 0
+    body = orjson.dumps({"entries": entries})
+    while True:
+        response = client.post(url, content=body, headers=_JSON)
+        if response.status_code == 202:
+            return throttled
+        if response.status_code != 429:
+            raise RuntimeError(f"samples refused: HTTP {response.status_code}: {response.text[:300]}")
+        throttled += 1
+        time.sleep(min(float(response.headers.get("retry-after", "1")), 5.0))
+
+
+def _record(result: ReplayResult, c: Completion, asked: tuple[float, float, str, str]) -> None:
+    ttft, tpot, version, kind = asked
+    result.rows.append(c.features)
+    result.predicted_ttft_ms.append(ttft)
+    result.predicted_tpot_ms.append(tpot)
+    result.actual_ttft_ms.append(c.ttft_ms)
+    result.actual_tpot_ms.append(c.tpot_ms)
+    result.versions.append(version)
+    result.kinds.append(kind)
+    result.routed_at_s.append(c.routed_at_s)
+
+
+_JSON = {"content-type": "application/json"}
