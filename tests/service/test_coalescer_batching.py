@@ -179,8 +179,8 @@ async def test_deadline_expiry_is_a_504_and_the_header_can_only_shorten_it() -> 
 
 
 async def test_overload_is_an_immediate_503_that_never_reaches_a_replica() -> None:
-    async with stack(max_inflight_per_replica=1, max_queued_rows=20, deadline_ms=2000.0) as (client, (k,)):
-        k.delay_ms = 300.0
+    async with stack(max_inflight_per_replica=1, max_queued_rows=20, deadline_ms=5000.0) as (client, (k,)):
+        k.delay_ms = 1000.0
         first = asyncio.create_task(client.post(STRICT, json={"requests": rows(10, 0)}))
         await asyncio.sleep(0.05)
         queued = [
@@ -198,7 +198,8 @@ async def test_overload_is_an_immediate_503_that_never_reaches_a_replica() -> No
             assert response.status_code == 503
             assert response.json()["detail"].startswith("overloaded")
             assert int(response.headers["retry-after"]) >= 1
-            assert elapsed_s < 0.1
+            # Answered without waiting for the busy replica (1 s); a generous bound for a shared box.
+            assert elapsed_s < 0.5
         for task in [first, *queued]:
             assert (await task).status_code == 200
         assert k.rows == 30  # only the admitted callers' rows
