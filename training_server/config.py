@@ -89,7 +89,8 @@ class TrainingSettings(BaseSettings):
         default=0.15,
         gt=0,
         lt=0.5,
-        description="Next-newest share used to calibrate the quantile (conformal offset).",
+        description="Share of samples used to calibrate the quantile (conformal offset), spread over the "
+        "window in short runs.",
     )
     publish_tolerance: float = Field(
         default=0.0,
