@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -30,6 +29,7 @@ import orjson
 import pytest
 
 from shared.artifacts import MANIFEST_FILE, ModelStore
+from tests.e2e.predicting import Predicting
 from tests.procs import RunningService, start_service
 from training_server import synthetic
 
@@ -40,41 +40,6 @@ TRAINING_FLAGS = [
     "--min-new-samples", "1000000", "--retrain-interval-s", "3600",  # retrains only when asked
 ]  # fmt: skip
 ROWS = synthetic.to_entries(synthetic.pod_states(8, np.random.default_rng(0)))
-
-
-class Predicting:
-    """One thread per replica predicting back to back; failures and answering versions are kept."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.errors: list[str] = []
-        self.versions: dict[str, set[str]] = {url: set() for url in urls}
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(url,), daemon=True) for url in urls]
-
-    def _run(self, url: str) -> None:
-        body = orjson.dumps({"requests": ROWS})
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                try:
-                    response = client.post(url + "/predict/bulk/strict", content=body)
-                except httpx.HTTPError as exc:
-                    self.errors.append(f"{url}: {exc!r}")
-                    continue
-                if response.status_code != 200:
-                    self.errors.append(f"{url}: {response.status_code} {response.text[:200]}")
-                    continue
-                self.versions[url].update(p["model_version"] for p in response.json()["predictions"])
-                time.sleep(0.005)
-
-    def __enter__(self) -> Predicting:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
 
 
 def _damaged_copy(store: ModelStore, source: str, damage: Callable[[Path], None]) -> str:
@@ -150,7 +115,7 @@ def test_truncated_files_in_the_store_are_refused_and_the_trained_version_keeps_
         urls = [r.url for r in replicas]
         _wait(lambda: all(_status(url)["model_version"] == good for url in urls), f"both to serve {good}")
         store = ModelStore(data_dir / "models")
-        with Predicting(urls) as predicting:
+        with Predicting(urls, ROWS) as predicting:
             truncated = _damaged_copy(store, good, _truncate_model)
             _wait(lambda: all(truncated in _status(url)["refused_versions"] for url in urls), "refusals")
             unreadable = _damaged_copy(store, good, _truncate_manifest)

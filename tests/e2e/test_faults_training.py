@@ -24,6 +24,7 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.e2e.predicting import Predicting
 from tests.procs import RunningService, free_port, start_service
 from training_server import synthetic
 
@@ -37,41 +38,6 @@ TRAINING_FLAGS = [
     "--min-new-samples", "1000000", "--retrain-interval-s", "3600",
 ]  # fmt: skip
 ROWS = synthetic.to_entries(synthetic.pod_states(8, np.random.default_rng(0)))
-
-
-class Predicting:
-    """One thread per replica calling /predict/bulk/strict back to back; every failure is kept."""
-
-    def __init__(self, urls: list[str]) -> None:
-        self.errors: list[str] = []
-        self.versions: dict[str, list[str]] = {url: [] for url in urls}
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(url,), daemon=True) for url in urls]
-
-    def _run(self, url: str) -> None:
-        body = orjson.dumps({"requests": ROWS})
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                try:
-                    response = client.post(url + "/predict/bulk/strict", content=body)
-                except httpx.HTTPError as exc:
-                    self.errors.append(f"{url}: {exc!r}")
-                    continue
-                if response.status_code != 200:
-                    self.errors.append(f"{url}: {response.status_code} {response.text[:200]}")
-                    continue
-                self.versions[url].append(response.json()["predictions"][0]["model_version"])
-                time.sleep(0.005)
-
-    def __enter__(self) -> Predicting:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
 
 
 class Feeding:
@@ -159,7 +125,7 @@ def test_sigkill_mid_ingest_then_restart_resumes_the_window_while_replicas_keep_
             services.append(start_service("prediction_server", args, log_dir=logs, ready_path="/readyz"))
         urls = [r.url for r in services[1:]]
         _wait(lambda: all(_get(url + "/status")["model_version"] == first for url in urls), f"{first} served")
-        with Predicting(urls) as predicting, Feeding(training.url) as feeding:
+        with Predicting(urls, ROWS) as predicting, Feeding(training.url) as feeding:
             window_file = data_dir / "window.npz"
             _wait(
                 lambda: feeding.accepted >= 5000 and _saved_samples(window_file) >= 7000, "saves under ingest"
