@@ -70,6 +70,12 @@ TARGET_FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("actual_ttft_ms", "float", 0.0, MAX_LATENCY_MS),
     FieldSpec("actual_tpot_ms", "float", 0.0, MAX_LATENCY_MS),
 )
+# Optional: the prediction the scheduler acted on for this request (newer llm-d routers send
+# it). 0 or absent means "not sent", the same convention as the ``actual_*`` targets.
+PREDICTED_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("predicted_ttft_ms", "float", 0.0, MAX_LATENCY_MS, default=0.0),
+    FieldSpec("predicted_tpot_ms", "float", 0.0, MAX_LATENCY_MS, default=0.0),
+)
 
 Columns = dict[str, np.ndarray]
 """Field name -> float64 column (``pod_type`` holds its integer code)."""
@@ -254,11 +260,12 @@ def parse_row(row: Any) -> Columns:
 def parse_training_entries(
     entries: Sequence[Any], *, now_s: float, loc: Sequence[str | int] = ("body", "entries")
 ) -> tuple[Columns, np.ndarray]:
-    """Validate training entries: feature columns plus ``actual_*`` targets, and timestamps in epoch seconds.
+    """Validate training entries: feature columns, ``actual_*`` targets and the optional
+    ``predicted_*`` fields (0 when absent), and timestamps in epoch seconds.
 
     An absent, null or zero-value (``0001-01-01T00:00:00Z``) timestamp means ``now_s``.
     """
-    columns = parse_rows(entries, loc, (*ROW_FIELDS, *TARGET_FIELDS))
+    columns = parse_rows(entries, loc, (*ROW_FIELDS, *TARGET_FIELDS, *PREDICTED_FIELDS))
     errors = _Errors()
     timestamps = np.full(len(entries), now_s, dtype=np.float64)
     cache: dict[str, float] = {}

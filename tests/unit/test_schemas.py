@@ -139,6 +139,22 @@ def test_training_entries_targets_and_timestamps():
     assert errors[0]["loc"] == ["body", "entries", 0, "actual_tpot_ms"]
 
 
+def test_training_entries_optional_predicted_fields():
+    base = {**ROW, "actual_ttft_ms": 100.0, "actual_tpot_ms": 10.0}
+    entries = [
+        {**base, "predicted_ttft_ms": 95.5, "predicted_tpot_ms": 12},
+        base,
+        {**base, "predicted_ttft_ms": None},
+    ]
+    cols, _ = parse_training_entries(entries, now_s=0.0)
+    assert cols["predicted_ttft_ms"].tolist() == [95.5, 0.0, 0.0]
+    assert cols["predicted_tpot_ms"].tolist() == [12.0, 0.0, 0.0]
+    for bad, kind in ((-1.0, "greater_than_equal"), ("fast", "float_type"), (float("inf"), "finite_number")):
+        errors = errors_of(parse_training_entries, [{**base, "predicted_tpot_ms": bad}], now_s=0.0)
+        assert errors[0]["loc"] == ["body", "entries", 0, "predicted_tpot_ms"]
+        assert errors[0]["type"] == kind
+
+
 def test_columns_are_float64_arrays_of_the_right_length():
     cols = parse_rows([ROW] * 37)
     assert all(
