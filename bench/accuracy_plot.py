@@ -138,3 +138,94 @@ def _timeline(
     ax.set_yticks(range(0, 101, 20))
     ax.legend(loc="upper center", ncol=2, fontsize=8)
     ax.grid(True, alpha=0.3)
+
+
+# --- issue #9 evidence figures (bench/accuracy_evidence.py) -------------------------------------
+
+
+def reliability_grid(replays: list[dict[str, Any]], quantile: float, path: Path) -> None:
+    """Coverage per decile of the predicted value, ours (trained models) against the naive baseline
+    (on the requests it answered), one column per replay, TTFT on top and TPOT below."""
+    from bench.accuracy_metrics import deciles
+
+    cols = len(replays)
+    fig, axes = plt.subplots(2, cols, figsize=(3.6 * cols, 7), squeeze=False)
+    target = quantile * 100
+    for c, replay in enumerate(replays):
+        for r, model in enumerate(("ttft", "tpot")):
+            ax = axes[r][c]
+            s = replay["streams"][model]
+            ours = s.subset(s.trained)
+            naive = s.subset(~np.isnan(s.naive))
+            for label, pred, act, color, marker in (
+                ("ours", ours.predicted, ours.actual, COLORS[model], "o-"),
+                ("naive", naive.naive, naive.actual, "#7f7f7f", "s--"),
+            ):
+                if len(act) >= 10:
+                    cov = [d["coverage"] * 100 for d in deciles(pred, act, quantile)]
+                    ax.plot(
+                        range(1, len(cov) + 1),
+                        cov,
+                        marker,
+                        color=color,
+                        ms=4,
+                        label=f"{label} (n={len(act)})",
+                    )
+            _band(ax, target)
+            ax.set_ylim(0, 102)
+            ax.set_xticks(range(1, 11))
+            ax.set_title(f"{replay['name']}\n{model.upper()}", fontsize=9)
+            if c == 0:
+                ax.set_ylabel("coverage (%)")
+            if r == 1:
+                ax.set_xlabel("decile of the predicted value")
+            ax.legend(loc="lower left", fontsize=7)
+            ax.grid(True, alpha=0.3)
+    fig.suptitle(
+        f"Reliability: p{target:g} coverage by decile of the prediction (ours vs naive)", fontsize=11
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def step_timelines(replays: list[dict[str, Any]], quantile: float, path: Path) -> None:
+    """Coverage per 10 simulated seconds around the step changes, ours against naive."""
+    from bench.accuracy_targets import RECOVERY_BAND, WINDOW_S, window_coverage
+
+    rows = len(replays)
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 3.2 * rows), squeeze=False)
+    target = quantile * 100
+    for r, replay in enumerate(replays):
+        for c, model in enumerate(("ttft", "tpot")):
+            ax = axes[r][c]
+            s = replay["streams"][model]
+            end = float(s.time_s.max()) if len(s) else 0.0
+            known = ~np.isnan(s.naive)
+            for label, t, covered, color, style in (
+                ("ours", s.time_s, s.actual <= s.predicted, COLORS[model], "-"),
+                ("naive", s.time_s[known], (s.actual <= s.naive)[known], "#7f7f7f", "--"),
+            ):
+                w = window_coverage(t, covered, 0.0, end, WINDOW_S)
+                ax.plot([x[0] for x in w], [x[1] * 100 for x in w], style, color=color, lw=1.2, label=label)
+            prior = s.time_s[~s.trained]
+            if len(prior):
+                ax.axvspan(0, float(prior.max()), color="#ff7f0e", alpha=0.08, lw=0, label="prior answering")
+            for name, at, _ in replay["steps"]:
+                ax.axvline(at, color="black", lw=0.8, ls=":")
+                ax.annotate(name, (at, 3), fontsize=7, rotation=90, va="bottom", ha="right")
+            ax.axhspan(
+                target - RECOVERY_BAND * 100, target + RECOVERY_BAND * 100, color="#2ca02c", alpha=0.15, lw=0
+            )
+            ax.axhline(target, color="#2ca02c", lw=1, ls="--")
+            ax.set_ylim(0, 102)
+            ax.set_title(f"{replay['name']}: {model.upper()}", fontsize=9)
+            ax.set_xlabel("simulated time of routing (s)")
+            ax.set_ylabel(f"coverage per {WINDOW_S:g} s (%)")
+            ax.legend(loc="lower right", fontsize=7)
+            ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

@@ -11,15 +11,22 @@ made before its own sample, or any sample completed after its routing, was sent.
 
 ``speed`` caps simulated seconds per wall second, which fixes how stale a model is (in simulated
 time) while a retrain runs; the training server's retrain triggers are set by the caller.
+
+``replay_stream`` is the same loop over any request stream and cluster, with optional events
+(callbacks run once the simulated clock reaches their time, e.g. slowing the pods down) and an
+optional in-process baseline (``bench.accuracy_naive``) that learns from exactly the batches the
+training server is sent, after they are sent, and predicts each routed pod's row with the model it
+had at routing time (batched per flush: its model only changes when it learns).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 import numpy as np
@@ -27,6 +34,9 @@ import orjson
 
 from shared.schemas import Columns, parse_rows
 from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
+
+if TYPE_CHECKING:
+    from bench.accuracy_naive import SlidingWindowBaseline
 
 Routing = Literal["random", "round-robin"]
 MAX_BATCH = 1000  # the training API's per-call flush size
@@ -57,6 +67,8 @@ class ReplayResult:
     versions: list[str] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)  # "prior" or "trained"
     routed_at_s: list[float] = field(default_factory=list)
+    naive_ttft_ms: list[float] = field(default_factory=list)  # NaN: no baseline (or none fitted yet)
+    naive_tpot_ms: list[float] = field(default_factory=list)
     samples_sent: int = 0
     throttled: int = 0
     prediction_calls: int = 0
@@ -71,16 +83,37 @@ class ReplayResult:
         return np.asarray(values, dtype=object if name in ("versions", "kinds") else np.float64)
 
 
+Event = tuple[float, Callable[[Cluster], None]]  # (simulated time, action on the cluster)
+
+
 def replay(cfg: ReplayConfig, prediction_url: str, training_url: str) -> ReplayResult:
     """Run the whole workload; raises on any failed prediction call or rejected sample batch."""
     workload = Workload(
         WorkloadConfig(rate_rps=cfg.rate_rps, num_requests=None, duration_s=cfg.duration_s, seed=cfg.seed)
     )
     cluster = Cluster([PodConfig() for _ in range(cfg.pods)], seed=cfg.seed)
+    return replay_stream(workload, cluster, cfg, prediction_url, training_url)
+
+
+def replay_stream(
+    requests: Iterable[SimRequest],
+    cluster: Cluster,
+    cfg: ReplayConfig,
+    prediction_url: str,
+    training_url: str,
+    *,
+    events: Sequence[Event] = (),
+    baseline: SlidingWindowBaseline | None = None,
+) -> ReplayResult:
+    """Replay ``requests`` (time-ordered) on ``cluster``; ``cfg`` gives the pace, flush period and routing."""
     choose = _chooser(cfg.routing, cfg.seed)
     result = ReplayResult(cfg)
     asked: dict[int, tuple[float, float, str, str]] = {}
+    routed: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush (for the baseline)
+    naive: dict[int, tuple[float, float]] = {}
+    completed: list[int] = []  # request ids in the order of result.rows
     buffer: list[dict[str, Any]] = []
+    pending = sorted(events, key=lambda e: e[0])
     with httpx.Client(timeout=cfg.call_timeout_s) as client:
         predict_url = prediction_url.rstrip("/") + "/predict/bulk/strict"
         ingest_url = training_url.rstrip("/") + "/add_training_data_bulk"
@@ -89,26 +122,43 @@ def replay(cfg: ReplayConfig, prediction_url: str, training_url: str) -> ReplayR
             for start in range(0, len(buffer), MAX_BATCH):
                 result.throttled += _post_samples(client, ingest_url, buffer[start : start + MAX_BATCH])
             result.samples_sent += len(buffer)
+            if baseline is not None:
+                # The baseline's model only changes in learn(), so the rows routed since the last
+                # flush are predicted now, in one call, by the model that served their routing.
+                if routed:
+                    guess = baseline.predict([row for _, row in routed])
+                    for k, (rid, _) in enumerate(routed):
+                        naive[rid] = (float(guess["ttft"][k]), float(guess["tpot"][k]))
+                    routed.clear()
+                baseline.learn(buffer)
             buffer.clear()
 
         def complete(done: list[Completion]) -> None:
             for c in done:
-                _record(result, c, asked.pop(c.request.request_id))
+                rid = c.request.request_id
+                _record(result, c, asked.pop(rid))
+                completed.append(rid)
                 buffer.append({**c.features, "actual_ttft_ms": c.ttft_ms, "actual_tpot_ms": c.tpot_ms})
 
         started = time.monotonic()
         next_flush_s = cfg.flush_every_s
-        for req in workload:
+        for req in requests:
             if cfg.speed > 0:
                 delay = started + req.arrival_s / cfg.speed - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+            while pending and pending[0][0] <= req.arrival_s:
+                at_s, action = pending.pop(0)
+                complete(cluster.advance_to(at_s))
+                action(cluster)
             complete(cluster.advance_to(req.arrival_s))
             if req.arrival_s >= next_flush_s:
                 flush()
                 next_flush_s = (req.arrival_s // cfg.flush_every_s + 1) * cfg.flush_every_s
             rows = cluster.candidate_rows(req)
             pod = choose(req, rows)
+            if baseline is not None:
+                routed.append((req.request_id, rows[pod]))
             asked[req.request_id] = _predict(client, predict_url, rows, pod)
             result.prediction_calls += 1
             cluster.route(req, pod)
@@ -116,6 +166,9 @@ def replay(cfg: ReplayConfig, prediction_url: str, training_url: str) -> ReplayR
         complete(cluster.drain())
         flush()
         result.wall_s = time.monotonic() - started
+    missing = (math.nan, math.nan)
+    result.naive_ttft_ms = [naive.get(rid, missing)[0] for rid in completed]
+    result.naive_tpot_ms = [naive.get(rid, missing)[1] for rid in completed]
     return result
 
 

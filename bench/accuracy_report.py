@@ -33,6 +33,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.accuracy_doc import write_block  # noqa: E402
 from bench.accuracy_metrics import MIN_REPORTED, Scored, dimension_bins, summarise, worst  # noqa: E402
 from bench.accuracy_plot import calibration_figure  # noqa: E402
 from bench.accuracy_replay import ReplayConfig, ReplayResult, replay  # noqa: E402
@@ -288,17 +289,6 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
-def write_block(path: Path, block: str) -> None:
-    """Replace the generated block of ``path`` (or append it), keeping the hand-written rest."""
-    text = path.read_text() if path.exists() else "# Accuracy benchmark\n\n"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -346,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     block = markdown(command, cfg, runs, pooled, servers, args.plot, args.quantile, args.warmup_s)
     print(block)
     if args.out is not None:
-        write_block(args.out, block)
+        write_block(args.out, block, BEGIN, END)
     if args.json is not None:
         args.json.write_bytes(
             orjson.dumps({"runs": runs, "pooled": pooled, "servers": servers}, option=orjson.OPT_INDENT_2)

@@ -1,0 +1,112 @@
+"""Simulator scenarios with step changes for the accuracy evidence.
+
+Each scenario is a steady warm-up followed by sudden changes, built from the simulator's public
+pieces: the request stream is consecutive ``Workload`` segments (each its own seeded
+``WorkloadConfig``, arrivals shifted to the segment's start), and a change of the pods is an
+event that replaces each pod's ``PodConfig`` at that simulated instant (``slowdown`` applies
+from the pod's next step on). Nothing is known to the servers: they only see the rows and the
+samples, as in production.
+
+- ``overload``: 20 requests/s over 4 pods, then 60 requests/s, unbursty (queues build on every pod) for
+  60 s, then back to 20.
+- ``prompts``: prompts of median 700 tokens, then of median 2,000 tokens (queues appear).
+- ``slow-pool``: every pod becomes 3x slower (a degraded pool) at the same request rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bench.accuracy_replay import Event
+from stack.simulator import Cluster, PodConfig, SimRequest, Workload, WorkloadConfig
+
+PODS = 4
+BASE_RPS = 20.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    segments: tuple[tuple[float, dict[str, Any]], ...]  # (duration s, WorkloadConfig overrides)
+    slowdowns: tuple[tuple[float, float], ...] = ()  # (simulated s, slowdown factor of every pod)
+    pods: int = PODS
+
+    @property
+    def duration_s(self) -> float:
+        return sum(d for d, _ in self.segments)
+
+    def steps(self) -> list[tuple[str, float, float]]:
+        """(name, time, end of the segment after it) of every change, in time order."""
+        changes: list[tuple[str, float]] = []
+        t = 0.0
+        for i, (d, overrides) in enumerate(self.segments):
+            if i:
+                changes.append((_describe(overrides), t))
+            t += d
+        changes += [
+            (f"pods {f:g}x slower" if f != 1 else "pods back to speed", at) for at, f in self.slowdowns
+        ]
+        changes.sort(key=lambda c: c[1])
+        ends = [c[1] for c in changes[1:]] + [self.duration_s]
+        return [(name, at, end) for (name, at), end in zip(changes, ends, strict=True)]
+
+    def phase(self, t_s: float) -> str:
+        """The stage label at simulated time ``t_s``: "0 steady" before the first change, then
+        "k: <change>" after the k-th change."""
+        steps = self.steps()
+        index = sum(1 for _, at, _ in steps if t_s >= at)
+        return "0: steady" if index == 0 else f"{index}: {steps[index - 1][0]}"
+
+    def requests(self, seed: int) -> Iterator[SimRequest]:
+        offset = 0.0
+        emitted = 0
+        for i, (duration, overrides) in enumerate(self.segments):
+            cfg = WorkloadConfig(
+                **{"rate_rps": BASE_RPS, **overrides},
+                num_requests=None,
+                duration_s=duration,
+                seed=seed * 1000 + i,
+            )
+            for req in Workload(cfg):
+                yield dataclasses.replace(req, request_id=emitted, arrival_s=req.arrival_s + offset)
+                emitted += 1
+            offset += duration
+
+    def cluster(self, seed: int) -> Cluster:
+        return Cluster([PodConfig() for _ in range(self.pods)], seed=seed)
+
+    def events(self) -> list[Event]:
+        return [(at, _slow(factor)) for at, factor in self.slowdowns]
+
+
+def _slow(factor: float) -> Any:
+    def apply(cluster: Cluster) -> None:
+        for pod in cluster.pods:
+            pod.cfg = dataclasses.replace(pod.cfg, slowdown=factor)
+
+    return apply
+
+
+def _describe(overrides: dict[str, Any]) -> str:
+    if "prompt_median_tokens" in overrides:
+        return f"prompts median {overrides['prompt_median_tokens']:g} tokens"
+    return f"{overrides.get('rate_rps', BASE_RPS):g} req/s"
+
+
+def scenarios(warmup_s: float = 180.0, after_s: float = 150.0) -> list[Scenario]:
+    """The three scenarios: ``warmup_s`` of steady traffic, then the change(s), then ``after_s``."""
+    return [
+        Scenario(
+            "overload",
+            (
+                (warmup_s, {}),
+                (60.0, {"rate_rps": 60.0, "burstiness": 0.0}),
+                (after_s, {"rate_rps": BASE_RPS}),
+            ),
+        ),
+        Scenario("prompts", ((warmup_s, {}), (after_s, {"prompt_median_tokens": 2000.0}))),
+        Scenario("slow-pool", ((warmup_s + after_s, {}),), slowdowns=((warmup_s, 3.0),)),
+    ]
