@@ -11,6 +11,15 @@ from typing import Any
 from bench.accuracy_targets import MIN_GROUP, RECOVERY_LIMIT_S
 
 BEGIN, END = "<!-- accuracy-evidence:begin -->", "<!-- accuracy-evidence:end -->"
+
+
+def markers(block: str) -> tuple[str, str]:
+    """The begin/end markers of a named generated block ("" = the main one)."""
+    if not block:
+        return BEGIN, END
+    return f"<!-- accuracy-evidence-{block}:begin -->", f"<!-- accuracy-evidence-{block}:end -->"
+
+
 MODELS = ("ttft", "tpot")
 
 
@@ -23,8 +32,9 @@ def markdown(
 ) -> str:
     q = args.quantile
     flags = " ".join(args.training_flag) or "none (all defaults)"
+    begin, end = markers(args.block)
     lines = [
-        BEGIN,
+        begin,
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC{' on ' + args.label if args.label else ''}, "
         f"on a shared, busy 2-core machine; {wall_s / 60:.1f} min wall in all. Training-server flags: "
         f"{flags}. Traces at {args.trace_speed:g}x their recorded pace; simulator at {args.sim_speed:g} "
@@ -74,7 +84,7 @@ def markdown(
             lines += [f"![{title}]({pngs[key].name})", ""]
     for r in replays:
         lines += _details(r, q)
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines)
 
 

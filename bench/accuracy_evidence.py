@@ -37,7 +37,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.accuracy_doc import markdown, write_block  # noqa: E402
+from bench.accuracy_doc import markdown, markers, write_block  # noqa: E402
 from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline  # noqa: E402
 from bench.accuracy_plot import reliability_grid, step_timelines  # noqa: E402
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--training-flag", action="append", default=[], help="extra training-server flag")
     parser.add_argument("--services-root", type=Path, default=REPO, help="checkout whose services run")
     parser.add_argument("--label", default="", help="what was measured (e.g. 'main at abc123')")
+    parser.add_argument("--block", default="", help="name of the generated block and figure suffix")
     parser.add_argument("--out", type=Path, help="Markdown file whose generated block is (re)written")
     parser.add_argument("--figures-dir", type=Path, help="where the PNGs go (default: next to --out)")
     parser.add_argument("--json", type=Path, help="also write every summary and check as JSON")
@@ -275,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     figures = args.figures_dir or (args.out.parent if args.out else Path("."))
+    suffix = f"-{args.block}" if args.block else ""
     pngs = {
-        "traces": figures / "accuracy-reliability-traces.png",
-        "sim": figures / "accuracy-reliability-sim.png",
-        "steps": figures / "accuracy-steps.png",
+        "traces": figures / f"accuracy-reliability-traces{suffix}.png",
+        "sim": figures / f"accuracy-reliability-sim{suffix}.png",
+        "steps": figures / f"accuracy-steps{suffix}.png",
     }
     if [r for r in replays if r["kind"] == "trace"]:
         reliability_grid([r for r in replays if r["kind"] == "trace"], args.quantile, pngs["traces"])
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     block = markdown(command, args, replays, pngs, wall_s)
     print(block)
     if args.out is not None:
-        write_block(args.out, block)
+        write_block(args.out, block, *markers(args.block))
     if args.json is not None:
         slim = [{k: v for k, v in r.items() if k not in ("streams",)} for r in replays]
         args.json.write_bytes(
