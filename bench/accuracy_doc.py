@@ -38,7 +38,8 @@ def markdown(
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC{' on ' + args.label if args.label else ''}, "
         f"on a shared, busy 2-core machine; {wall_s / 60:.1f} min wall in all. Training-server flags: "
         f"{flags}. Traces at {args.trace_speed:g}x their recorded pace; simulator at {args.sim_speed:g} "
-        f"simulated s per wall s, seeds {' '.join(map(str, args.seeds))}.",
+        f"simulated s per wall s, seeds {' '.join(map(str, args.seeds))}; samples "
+        f"{'carry' if args.send_predictions else 'do not carry'} the predicted_*_ms fields.",
         "",
         "```",
         command,

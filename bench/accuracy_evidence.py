@@ -166,7 +166,12 @@ def run_trace(name: str, args: argparse.Namespace, workdir: Path, out: dict[str,
     with Servers(workdir / name, args.services_root, args.training_flag) as servers:
         baseline = SlidingWindowBaseline(args.quantile)
         result = replay_trace(
-            trace, servers.prediction.url, servers.training.url, speed=args.trace_speed, baseline=baseline
+            trace,
+            servers.prediction.url,
+            servers.training.url,
+            speed=args.trace_speed,
+            baseline=baseline,
+            send_predictions=args.send_predictions,
         )
         status = servers.status()
     out[name] = {
@@ -183,7 +188,13 @@ def run_trace(name: str, args: argparse.Namespace, workdir: Path, out: dict[str,
 
 
 def run_scenario(scenario: Scenario, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    cfg = ReplayConfig(pods=scenario.pods, duration_s=scenario.duration_s, seed=seed, speed=args.sim_speed)
+    cfg = ReplayConfig(
+        pods=scenario.pods,
+        duration_s=scenario.duration_s,
+        seed=seed,
+        speed=args.sim_speed,
+        send_predictions=args.send_predictions,
+    )
     with Servers(workdir / f"{scenario.name}-{seed}", args.services_root, args.training_flag) as servers:
         baseline = SlidingWindowBaseline(args.quantile)
         result = replay_stream(
@@ -216,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantile", type=float, default=0.9, help="the servers' default quantile")
     parser.add_argument("--training-flag", action="append", default=[], help="extra training-server flag")
     parser.add_argument("--services-root", type=Path, default=REPO, help="checkout whose services run")
+    parser.add_argument(
+        "--send-predictions", action="store_true", help="samples carry predicted_ttft_ms / predicted_tpot_ms"
+    )
     parser.add_argument("--label", default="", help="what was measured (e.g. 'main at abc123')")
     parser.add_argument("--block", default="", help="name of the generated block and figure suffix")
     parser.add_argument("--out", type=Path, help="Markdown file whose generated block is (re)written")

@@ -52,6 +52,7 @@ class ReplayConfig:
     speed: float = 10.0  # simulated seconds per wall second; 0 = as fast as the calls allow
     flush_every_s: float = 1.0  # simulated
     call_timeout_s: float = 10.0
+    send_predictions: bool = False  # add predicted_ttft_ms / predicted_tpot_ms to each sample (wire 1)
 
 
 @dataclass
@@ -136,9 +137,13 @@ def replay_stream(
         def complete(done: list[Completion]) -> None:
             for c in done:
                 rid = c.request.request_id
-                _record(result, c, asked.pop(rid))
+                prediction = asked.pop(rid)
+                _record(result, c, prediction)
                 completed.append(rid)
-                buffer.append({**c.features, "actual_ttft_ms": c.ttft_ms, "actual_tpot_ms": c.tpot_ms})
+                entry = {**c.features, "actual_ttft_ms": c.ttft_ms, "actual_tpot_ms": c.tpot_ms}
+                if cfg.send_predictions:
+                    entry.update(predicted_ttft_ms=prediction[0], predicted_tpot_ms=prediction[1])
+                buffer.append(entry)
 
         started = time.monotonic()
         next_flush_s = cfg.flush_every_s

@@ -21,6 +21,8 @@ per ``flush_every_s`` trace seconds (the Go client's flush period), without time
 harness never waits for the trainer: a retrain that has not finished simply leaves the older
 model serving, as in production. An entry is thus predicted before it, or any later entry, is
 sent. Each entry carries a TTFT or a TPOT (the other is 0); only the carried one is scored.
+With ``send_predictions`` each posted entry also carries the prediction made for it
+(``predicted_ttft_ms`` / ``predicted_tpot_ms``, wire-contract section 1), as newer llm-d routers send.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ def replay_trace(
     *,
     speed: float = 1.0,
     flush_every_s: float = 1.0,
+    send_predictions: bool = False,
     baseline: SlidingWindowBaseline | None = None,
     timeout_s: float = 30.0,
 ) -> TraceResult:
@@ -187,7 +190,13 @@ def replay_trace(
                 guess = baseline.predict(rows)
                 pred["naive_ttft"][i:j] = guess["ttft"]
                 pred["naive_tpot"][i:j] = guess["tpot"]
-            buffer.extend(trace.entries[i:j])
+            if send_predictions:
+                buffer.extend(
+                    {**e, "predicted_ttft_ms": pred["ttft"][i + k], "predicted_tpot_ms": pred["tpot"][i + k]}
+                    for k, e in enumerate(trace.entries[i:j])
+                )
+            else:
+                buffer.extend(trace.entries[i:j])
             i = j
         flush()
         result.wall_s = time.monotonic() - started
