@@ -119,6 +119,11 @@ def _details(r: dict[str, Any], q: float) -> list[str]:
         f"TPOT {s['tpot']['prior_requests']} requests; coverage including them: TTFT "
         f"{_pct(s['ttft']['with_prior'])}, TPOT {_pct(s['tpot']['with_prior'])}."
     )
+    stages = [
+        f"{label} {v['samples']} ({v['samples'] - s['ttft']['stage'].get(label, {}).get('samples', 0)} prior)"
+        for label, v in s["ttft"]["stage_with_prior"].items()
+    ]
+    lines.append(f"TTFT requests per stage, including the prior's: {', '.join(stages)}.")
     lines += [
         "",
         "| group | TTFT n | TTFT coverage [95% CI] | TTFT pinball ours / naive ms (ratio) | naive cov. "
@@ -164,11 +169,15 @@ def _row(m: dict[str, Any]) -> str:
     if not m.get("samples"):
         return "0 | - | - | -"
     ci = f"[{m['coverage_lo']:.3f}, {m['coverage_hi']:.3f}]"
-    pin = f"{m['pinball_ms']:.1f}"
+    pin = _ms(m["pinball_ms"])
     if "ratio" in m:
-        pin = f"{m['ours_pinball_compared_ms']:.1f} / {m['naive_pinball_ms']:.1f} ({m['ratio']:.2f})"
+        pin = f"{_ms(m['ours_pinball_compared_ms'])} / {_ms(m['naive_pinball_ms'])} ({m['ratio']:.2f})"
     naive = f"{m['naive_coverage']:.3f}" if "naive_coverage" in m else "-"
     return f"{m['samples']} | {m['coverage']:.3f} {ci} | {pin} | {naive}"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
 def _pct(m: dict[str, Any]) -> str:
