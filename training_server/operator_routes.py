@@ -19,7 +19,7 @@ from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, StrictBool
 from starlette.responses import Response
 
-from shared.artifacts import MODEL_NAMES, Manifest
+from shared.artifacts import LISTED_MODEL_NAMES, MODEL_NAMES, Manifest
 from shared.bundle import BUNDLE_MEDIA_TYPE, BundleError, read_bundle
 from shared.errors import ArtifactError, InvalidInput, NotFound
 from shared.http import check_token, json_response, read_body
@@ -28,8 +28,6 @@ from training_server.routes import ServiceDep
 from training_server.seeding import export_bundle, publish_bundle
 from training_server.service import TrainingService
 
-# The llm-d server lists these; we serve no gated models, so they are always listed as absent.
-LISTED_MODELS: tuple[str, ...] = (*MODEL_NAMES, *(f"{name}_gated" for name in MODEL_NAMES))
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
 
 router = APIRouter()
@@ -84,7 +82,7 @@ async def models_list(service: ServiceDep) -> Response:
     m = service.current
     return json_response(
         {
-            "models": {name: _model_entry(m, name) for name in LISTED_MODELS},
+            "models": {name: _model_entry(m, name) for name in LISTED_MODEL_NAMES},
             "model_type": MODEL_TYPE,
             "quantile": service.settings.quantile,
             "objective_type": service.settings.objective,
@@ -257,5 +255,5 @@ def _model_entry(manifest: Manifest | None, name: str) -> dict[str, Any]:
 
 
 def _check_name(name: str) -> None:
-    if name not in LISTED_MODELS:
-        raise NotFound(f"Unknown model {name!r}; expected one of {list(LISTED_MODELS)}")
+    if name not in LISTED_MODEL_NAMES:
+        raise NotFound(f"Unknown model {name!r}; expected one of {list(LISTED_MODEL_NAMES)}")
