@@ -47,7 +47,7 @@ async def test_answers_are_cached_briefly_and_fetched_once_for_concurrent_reader
 
 
 async def test_the_cache_stays_within_its_byte_bound() -> None:
-    app, calls = upstream()
+    app, _ = upstream()
     async with serve_in_loop(app) as url:
         proxy = TrainingProxy(url, ttl_s=60, max_bytes=5_000, timeout_s=2.0)
         try:
