@@ -50,10 +50,13 @@ def test_timestamps_with_zones_and_the_go_zero_time_are_accepted(training_url: s
     assert bad.json()["detail"][0]["loc"] == ["body", "entries", 0, "timestamp"]
 
 
-def test_predicted_latency_fields_are_accepted_and_validated(training_url: str) -> None:
+def test_predicted_latency_fields_are_accepted_and_validated(training_url: str, fleet: Fleet) -> None:
+    before = window_total(fleet)
     batch = entries(5, seed=7, predicted_ttft_ms=120.5, predicted_tpot_ms=9.25)
     batch[0] = {**batch[0], "predicted_ttft_ms": 0}  # 0: not sent
     assert bulk(training_url, {"entries": batch}).status_code == 202
+    # Relayed as sent, the training server accepts them too (a 422 there would drop the batch).
+    wait_for(lambda: window_total(fleet) >= before + 5, what="samples with predicted_* in the window")
     bad = bulk(training_url, {"entries": [{**batch[1], "predicted_tpot_ms": -1.0}]})
     assert bad.status_code == 422
     assert bad.json()["detail"][0]["loc"] == ["body", "entries", 0, "predicted_tpot_ms"]
