@@ -11,7 +11,6 @@ new version is swapped in meanwhile.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Sequence
@@ -34,14 +33,11 @@ from shared.features import FEATURE_VERSION, build_features
 from shared.http import check_token, json_response, read_body
 from shared.identity import MODEL_TYPE, root_body
 from shared.metrics import metrics_response
-from shared.schemas import MAX_BULK_ROWS, loads, parse_row, parse_rows, require_list
+from shared.schemas import MAX_BULK_ROWS, loads, parse_row, parse_rows, raise_row_errors, require_list
 
 # Any row without this key is invalid, so a body holding it more often than the row limit
 # cannot be a valid request: refuse it without parsing it.
 _ROW_MARKER = b'"input_token_length"'
-# Rows of a failing /predict/bulk body explained inline; above this, in a worker thread so
-# that a large malformed body does not stall the other calls of this process.
-_INLINE_EXPLAIN_ROWS = 256
 
 
 class PredictionApi:
@@ -107,12 +103,7 @@ class PredictionApi:
         try:
             columns = parse_rows(rows)
         except InvalidInput:
-            # Again, reporting every error; a large body in a worker thread, so the other calls go on.
-            if len(rows) <= _INLINE_EXPLAIN_ROWS:
-                parse_rows(rows, max_errors=None)
-            else:
-                await asyncio.to_thread(parse_rows, rows, max_errors=None)
-            raise  # not reached: the second pass raises with the full report
+            await raise_row_errors(rows)
         ttft, tpot = predictor.predict(build_features(columns))
         predictions: list[dict[str, Any] | None] = list(_predictions(predictor, ttft, tpot))
         unpredictable = np.flatnonzero(~(np.isfinite(ttft) & np.isfinite(tpot))).tolist()

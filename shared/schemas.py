@@ -9,13 +9,14 @@ field, so a caller learns exactly what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import orjson
@@ -24,6 +25,8 @@ from shared.errors import InvalidInput
 
 MAX_BULK_ROWS = 10_000
 MAX_REPORTED_ERRORS = 20
+# Rows of a failing body explained on the event loop; beyond this, in a worker thread.
+INLINE_EXPLAIN_ROWS = 256
 # Generous but finite: keeps every feature exactly representable after float32 conversion
 # of the derived features and rejects garbage such as 1e300 tokens.
 MAX_COUNT = 2**31 - 1
@@ -158,6 +161,22 @@ def parse_rows(
     columns = {spec.name: _parse_column(checked, spec, loc, errors, indices=objects) for spec in fields}
     errors.raise_if_any()
     return columns
+
+
+async def raise_row_errors(rows: Sequence[Any], *, inline_rows: int = INLINE_EXPLAIN_ROWS) -> NoReturn:
+    """Raise the complete 422 (every bad row and field) for rows already known to be invalid.
+
+    The whole-body 422 of ``/predict/bulk`` on the prediction server and on the coalescer. A body
+    of more than ``inline_rows`` rows is explained in a worker thread, so that one large malformed
+    body does not stall the other calls on the event loop.
+    """
+    if len(rows) <= inline_rows:
+        parse_rows(rows, max_errors=None)
+    else:
+        await asyncio.to_thread(parse_rows, rows, max_errors=None)
+    raise InvalidInput(  # not reached for invalid rows: parse_rows raised the full report
+        [_err("value_error", ["body", "requests"], "Rows were expected to be invalid", None)]
+    )
 
 
 def _parse_valid_fast(rows: Sequence[dict[str, Any]], fields: Sequence[FieldSpec]) -> Columns | None:
