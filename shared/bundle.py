@@ -85,9 +85,12 @@ def write_bundle(model_set: ModelSet, sample_counts: dict[str, Any], *, now_s: f
     return gzip.compress(raw.getvalue(), mtime=int(mtime))
 
 
-def read_bundle(data: bytes) -> Bundle:
-    """Unpack and verify a bundle (see the module docstring); raise ``BundleError`` on any problem."""
-    files = _members(data)
+def read_bundle(data: bytes, *, max_bytes: int = MAX_BUNDLE_BYTES) -> Bundle:
+    """Unpack and verify a bundle (see the module docstring); raise ``BundleError`` on any problem.
+
+    ``max_bytes`` bounds what the bundle unpacks to (and each member).
+    """
+    files = _members(data, max_bytes)
     manifest_raw = files.pop(MANIFEST_FILE, None)
     metadata_raw = files.pop(METADATA_FILE, None)
     if manifest_raw is None or metadata_raw is None:
@@ -110,12 +113,12 @@ def read_bundle(data: bytes) -> Bundle:
     return Bundle(model_set, metadata)
 
 
-def _members(data: bytes) -> dict[str, bytes]:
+def _members(data: bytes, max_bytes: int) -> dict[str, bytes]:
     """Name -> content of every member, refusing anything but a few small top-level regular files."""
     files: dict[str, bytes] = {}
     total = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(_gunzip(data)), mode="r:") as tar:
+        with tarfile.open(fileobj=io.BytesIO(_gunzip(data, max_bytes)), mode="r:") as tar:
             while (member := tar.next()) is not None:
                 name = member.name
                 if len(files) >= MAX_MEMBERS:
@@ -127,7 +130,7 @@ def _members(data: bytes) -> dict[str, bytes]:
                 if name in files:
                     raise BundleError(f"member {name!r} appears twice")
                 total += member.size
-                if member.size > MAX_MEMBER_BYTES or total > MAX_BUNDLE_BYTES:
+                if member.size > min(MAX_MEMBER_BYTES, max_bytes) or total > max_bytes:
                     raise BundleError("bundle unpacks to more than the size limit")
                 extracted = tar.extractfile(member)
                 assert extracted is not None  # a regular file
@@ -137,9 +140,9 @@ def _members(data: bytes) -> dict[str, bytes]:
     return files
 
 
-def _gunzip(data: bytes) -> bytes:
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
     """Decompress, refusing (before it is all in memory) anything that unpacks beyond the bound."""
-    limit = MAX_BUNDLE_BYTES + 64 * 1024  # room for the tar headers
+    limit = max_bytes + 64 * 1024  # room for the tar headers
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
             raw = stream.read(limit + 1)
