@@ -33,7 +33,15 @@ from shared.features import FEATURE_VERSION, build_features
 from shared.http import check_token, json_response, read_body
 from shared.identity import MODEL_TYPE, root_body
 from shared.metrics import metrics_response
-from shared.schemas import MAX_BULK_ROWS, loads, parse_row, parse_rows, raise_row_errors, require_list
+from shared.schemas import (
+    MAX_BULK_ROWS,
+    loads,
+    parse_row,
+    parse_rows,
+    raise_row_errors,
+    require_list,
+    valid_columns,
+)
 
 # Any row without this key is invalid, so a body holding it more often than the row limit
 # cannot be a valid request: refuse it without parsing it.
@@ -100,9 +108,8 @@ class PredictionApi:
         """Every row valid: predictions, ``None`` (with an error item) for a row that was valid but
         could not be predicted (a non-finite model output). Any invalid row: the whole-body 422
         of ``parse_rows``, naming every bad row and field (as the llm-d predictor does)."""
-        try:
-            columns = parse_rows(rows)
-        except InvalidInput:
+        columns = valid_columns(rows)
+        if columns is None:  # explained off the event loop when large: the other calls go on
             await raise_row_errors(rows)
         ttft, tpot = predictor.predict(build_features(columns))
         predictions: list[dict[str, Any] | None] = list(_predictions(predictor, ttft, tpot))
