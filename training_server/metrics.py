@@ -23,6 +23,7 @@ class TrainingMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = self.registry = registry
+        self._llmd: LlmdSeries | None = None
         self.samples_accepted = Counter(
             "training_samples_accepted", "Samples accepted (202) for the window", registry=r
         )
@@ -109,8 +110,13 @@ class TrainingMetrics:
         self.intake_pending.set_function(pending)
 
     def bind_model(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
-        """Export the llm-d predictor's series for the current version (see ``LlmdSeries``)."""
-        self.registry.register(LlmdSeries(current, store))
+        """Export the llm-d predictor's series for the current version (see ``LlmdSeries``);
+        binding again (a new service on the same app) replaces the sources."""
+        if self._llmd is None:
+            self._llmd = LlmdSeries(current, store)
+            self.registry.register(self._llmd)
+        else:
+            self._llmd.rebind(current, store)
 
     def clear_model_metrics(self) -> None:
         """Forget the held-out quality gauges (``POST /flush`` with ``flush_metrics``); the next
@@ -144,6 +150,9 @@ class LlmdSeries(Collector):
     """
 
     def __init__(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
+        self.rebind(current, store)
+
+    def rebind(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
         self._current = current
         self._store = store
         self._importance: tuple[str, dict[str, dict[str, float]]] | None = None

@@ -44,7 +44,7 @@ def publish_bundle(store: ModelStore, bundle: Bundle, settings: TrainingSettings
             raise BundleError(f"model {name} is not a loadable XGBoost model: {exc}") from None
     models = manifest.models
     return store.publish(
-        "trained",
+        manifest.kind,  # a bundle of a prior stays a prior (a retrain replaces it at once)
         dict(bundle.model_set.files),
         objective=manifest.objective,
         quantile=manifest.quantile,
