@@ -26,7 +26,7 @@ from coalescer.batcher import Batcher, ClientDisconnected, Ticket
 from shared.errors import InvalidInput, PayloadTooLarge, ServiceError
 from shared.http import error_body
 from shared.logging import log_event
-from shared.schemas import loads, parse_row, parse_rows, raise_row_errors, require_list, rows_valid
+from shared.schemas import loads, parse_all_rows, parse_row, parse_rows, require_list, rows_valid
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class PredictionEndpoints:
         items = require_list(loads(body), "requests")
         batcher.check_admission(len(items), call.deadline)
         if not rows_valid(items):
-            await raise_row_errors(items)  # the precise, complete 422
+            await parse_all_rows(items)  # raises the precise, complete 422
         predictions = await self._predict(items, call)
         errors = [
             {"index": i, "error": "the model gave no prediction", "request": items[i]}

@@ -36,9 +36,9 @@ from shared.metrics import metrics_response
 from shared.schemas import (
     MAX_BULK_ROWS,
     loads,
+    parse_all_rows,
     parse_row,
     parse_rows,
-    raise_row_errors,
     require_list,
     valid_columns,
 )
@@ -109,8 +109,8 @@ class PredictionApi:
         could not be predicted (a non-finite model output). Any invalid row: the whole-body 422
         of ``parse_rows``, naming every bad row and field (as the llm-d predictor does)."""
         columns = valid_columns(rows)
-        if columns is None:  # explained off the event loop when large: the other calls go on
-            await raise_row_errors(rows)
+        if columns is None:  # invalid: the full 422, explained off the event loop when large
+            columns = await parse_all_rows(rows)
         ttft, tpot = predictor.predict(build_features(columns))
         predictions: list[dict[str, Any] | None] = list(_predictions(predictor, ttft, tpot))
         unpredictable = np.flatnonzero(~(np.isfinite(ttft) & np.isfinite(tpot))).tolist()

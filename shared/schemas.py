@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import chain
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 import numpy as np
 import orjson
@@ -165,26 +165,22 @@ def parse_rows(
 
 def valid_columns(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) -> Columns | None:
     """The columns of ``rows`` if every row is valid, else ``None`` at the cost of the fast check
-    only: no explanation is built (``parse_rows`` or ``raise_row_errors`` give it)."""
+    only: no explanation is built (``parse_rows`` or ``parse_all_rows`` give it)."""
     if any(type(row) is not dict for row in rows):
         return None
     return _parse_valid_fast(rows, fields)
 
 
-async def raise_row_errors(rows: Sequence[Any], *, inline_rows: int = INLINE_EXPLAIN_ROWS) -> NoReturn:
-    """Raise the complete 422 (every bad row and field) for rows already known to be invalid.
+async def parse_all_rows(rows: Sequence[Any], *, inline_rows: int = INLINE_EXPLAIN_ROWS) -> Columns:
+    """``parse_rows`` reporting every bad row and field: the whole-body 422 of ``/predict/bulk`` on
+    the prediction server and on the coalescer.
 
-    The whole-body 422 of ``/predict/bulk`` on the prediction server and on the coalescer. A body
-    of more than ``inline_rows`` rows is explained in a worker thread, so that one large malformed
-    body does not stall the other calls on the event loop.
+    A body of more than ``inline_rows`` rows is validated in a worker thread, so that one large
+    malformed body does not stall the other calls on the event loop.
     """
     if len(rows) <= inline_rows:
-        parse_rows(rows, max_errors=None)
-    else:
-        await asyncio.to_thread(parse_rows, rows, max_errors=None)
-    raise InvalidInput(  # not reached for invalid rows: parse_rows raised the full report
-        [_err("value_error", ["body", "requests"], "Rows were expected to be invalid", None)]
-    )
+        return parse_rows(rows, max_errors=None)
+    return await asyncio.to_thread(parse_rows, rows, max_errors=None)
 
 
 def _parse_valid_fast(rows: Sequence[dict[str, Any]], fields: Sequence[FieldSpec]) -> Columns | None:

@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from shared.artifacts import LISTED_MODEL_NAMES, MODEL_NAMES, Manifest
 from shared.bundle import BUNDLE_MEDIA_TYPE, BundleError, read_bundle
-from shared.errors import ArtifactError, InvalidInput, NotFound
+from shared.errors import ArtifactError, InvalidInput, NotFound, Overloaded
 from shared.http import check_token, json_response, read_body
 from shared.identity import MODEL_TYPE, root_body
 from training_server.routes import ServiceDep
@@ -116,6 +116,8 @@ async def model_export(service: ServiceDep) -> Response:
 async def model_import(request: Request, service: ServiceDep, _: Authorized) -> Response:
     """Verify a seed bundle (the body, as ``/model/export`` served it) and publish it as a new version."""
     data = await read_body(request, service.settings.max_body_bytes)
+    if service.scheduler.status()["running"]:  # its publish would race ours and replace the import
+        raise Overloaded("A retrain is in progress; retry the import shortly", retry_after_s=5.0)
     try:
         bundle = await run_in_threadpool(read_bundle, data)
         manifest = await run_in_threadpool(publish_bundle, service.store, bundle, service.settings)
