@@ -192,7 +192,11 @@ def replay_trace(
                 pred["naive_tpot"][i:j] = guess["tpot"]
             if send_predictions:
                 buffer.extend(
-                    {**e, "predicted_ttft_ms": pred["ttft"][i + k], "predicted_tpot_ms": pred["tpot"][i + k]}
+                    {
+                        **e,
+                        "predicted_ttft_ms": float(pred["ttft"][i + k]),
+                        "predicted_tpot_ms": float(pred["tpot"][i + k]),
+                    }
                     for k, e in enumerate(trace.entries[i:j])
                 )
             else:

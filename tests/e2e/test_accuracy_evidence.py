@@ -2,10 +2,12 @@
 
 A real training server and a real prediction server on loopback; the first 1,500 entries of the
 real ``sharegpt-h200`` trace are replayed at 40x their recorded pace (``bench.accuracy_trace``),
-with the naive baseline on the same stream. The user-visible promises of the harness: every entry
-is predicted and then sent exactly once, the servers learn during the replay (the prior answers
-the first entries, trained versions the later ones), and the baseline answers nothing before its
-first fit and a prediction for every entry after it.
+with the naive baseline on the same stream, each sample carrying the prediction made for it
+(``predicted_ttft_ms`` / ``predicted_tpot_ms``, which the training server accepts). The
+user-visible promises of the harness: every entry is predicted and then sent exactly once, the
+servers learn during the replay (the prior answers the first entries, trained versions the later
+ones), and the baseline answers nothing before its first fit and a prediction for every entry
+after it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def test_a_real_trace_is_predicted_entry_by_entry_while_the_servers_learn(tmp_pa
     with start_service("training_server", ["--data-dir", str(data_dir), *FAST], log_dir=logs) as training:
         store = ["--store", str(data_dir / "models")]
         with start_service("prediction_server", store, log_dir=logs, ready_path="/readyz") as prediction:
-            result = replay_trace(trace, prediction.url, training.url, speed=40.0, baseline=baseline)
+            result = replay_trace(
+                trace, prediction.url, training.url, speed=40.0, baseline=baseline, send_predictions=True
+            )
         status = httpx.get(training.url + "/status", timeout=10).json()
     n = len(trace.entries)
     assert result.samples_sent == n and status["intake"]["accepted_samples"] == n
