@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
 # Features that never lower the prediction when they grow (XGBoost monotone constraints):
 # more queued or in-flight prefill work never makes TTFT shorter, more running decode work never
-# makes TPOT shorter. The baseline's slopes are non-negative too, so the served value is monotone.
+# makes TPOT shorter (nor do more requests in the pod, queue_depth). The baseline's slopes are non-negative too, so the served value is monotone.
 MONOTONE_INCREASING: dict[str, tuple[str, ...]] = {
     "ttft": (
         "num_request_waiting",
@@ -57,7 +57,7 @@ MONOTONE_INCREASING: dict[str, tuple[str, ...]] = {
         "queue_depth",
         "prefill_work_tokens",
     ),
-    "tpot": ("num_request_running", "decode_tokens_in_flight"),
+    "tpot": ("num_request_running", "decode_tokens_in_flight", "queue_depth"),
 }
 MIN_TAIL_SAMPLES = 5  # samples a leaf needs beyond its quantile for that quantile to mean anything
 Outcome = Literal["published", "rejected", "skipped", "failed", "cancelled"]
