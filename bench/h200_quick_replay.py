@@ -37,10 +37,14 @@ from training_server.trainer import Trainer  # noqa: E402
 from training_server.window import StratifiedWindow  # noqa: E402
 
 # ../shared beside the main checkout, ../../shared beside a worktree under wt/
-TRACES = next(
-    (p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if (p / "data").is_dir()),
-    REPO.parent / "shared",
-) / "data" / "llmd-h200-traces"
+TRACES = (
+    next(
+        (p for p in (REPO.parent / "shared", REPO.parent.parent / "shared") if (p / "data").is_dir()),
+        REPO.parent / "shared",
+    )
+    / "data"
+    / "llmd-h200-traces"
+)
 CONFIGS: dict[str, dict[str, Any]] = {
     "trees only": {"work_baseline": False, "monotone_constraints": False},
     "baseline + monotone": {"work_baseline": True, "monotone_constraints": True},
@@ -48,7 +52,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def replay(path: Path, overrides: dict[str, Any], chunk: int, retrain_every: int, q: float) -> dict[str, Any]:
-    entries = [orjson.loads(line) for line in lzma.open(path, "rt")]
+    with lzma.open(path, "rt") as lines:
+        entries = [orjson.loads(line) for line in lines]
     columns, _ = parse_training_entries(entries, now_s=time.time())
     n = len(entries)
     stamps = time.time() - n * 0.1 + np.arange(n) * 0.1  # file order is time
@@ -91,14 +96,19 @@ def replay(path: Path, overrides: dict[str, Any], chunk: int, retrain_every: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--traces", nargs="+", default=["sharegpt-h200", "chatbot-synthetic-h200", "bimodal-h200"])
+    parser.add_argument(
+        "--traces", nargs="+", default=["sharegpt-h200", "chatbot-synthetic-h200", "bimodal-h200"]
+    )
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--retrain-every", type=int, default=200)
     parser.add_argument("--quantile", type=float, default=0.9)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
-    print("| trace | config | TTFT cov | TTFT pinball ms | queued TTFT cov / pinball | TPOT cov | TPOT pinball ms |")
+    print(
+        "| trace | config | TTFT cov | TTFT pinball ms | queued TTFT cov / pinball "
+        "| TPOT cov | TPOT pinball ms |"
+    )
     print("|---|---|---|---|---|---|---|")
     for trace in args.traces:
         for label, overrides in CONFIGS.items():

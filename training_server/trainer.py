@@ -47,8 +47,9 @@ log = logging.getLogger(__name__)
 
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
 # Features that never lower the prediction when they grow (XGBoost monotone constraints):
-# more queued or in-flight prefill work never makes TTFT shorter, more running decode work never
-# makes TPOT shorter (nor do more requests in the pod, queue_depth). The baseline's slopes are non-negative too, so the served value is monotone.
+# more queued or in-flight prefill work never makes TTFT shorter; more running decode work (or
+# more requests in the pod, queue_depth) never makes TPOT shorter. The baseline's slopes are
+# non-negative too, so the served value is monotone in these features.
 MONOTONE_INCREASING: dict[str, tuple[str, ...]] = {
     "ttft": (
         "num_request_waiting",

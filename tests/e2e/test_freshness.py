@@ -1,9 +1,10 @@
 """Freshness with default retrain triggers: after a regime change the served model follows in seconds.
 
-A real training server (default retrain triggers and guard) and a real prediction server reading its
-store, on loopback. The pool slows down fourfold; 4,000 samples of the new regime stream in over a
-few seconds, as a scheduler sends them. The model that was serving gets the new regime wrong, and within seconds a new version
-serves predictions that cover it (before, a retrain waited for 5,000 new samples or a minute).
+A real training server (default retrain triggers and guard) and a real prediction server reading
+its store, on loopback. The pool slows down fourfold; 4,000 samples of the new regime stream in over
+a few seconds, as a scheduler sends them. The model that was serving gets the new regime wrong, and
+within seconds a new version serves predictions that cover it (before, a retrain waited for 5,000
+new samples or a minute).
 """
 
 from __future__ import annotations
