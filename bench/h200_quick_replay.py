@@ -48,6 +48,7 @@ TRACES = (
 CONFIGS: dict[str, dict[str, Any]] = {
     "trees only": {"work_baseline": False, "monotone_constraints": False},
     "baseline + monotone": {"work_baseline": True, "monotone_constraints": True},
+    "baseline, unconstrained trees": {"work_baseline": True, "monotone_constraints": False},
 }
 
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--retrain-every", type=int, default=200)
     parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
@@ -111,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|")
     for trace in args.traces:
-        for label, overrides in CONFIGS.items():
+        for label in args.configs:
+            overrides = CONFIGS[label]
             r = replay(TRACES / f"{trace}.jsonl.xz", overrides, args.chunk, args.retrain_every, args.quantile)
             report[f"{trace}/{label}"] = r
             t, tq, p = r["ttft_all"], r["ttft_queued"], r["tpot_all"]

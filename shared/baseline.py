@@ -53,8 +53,25 @@ def check_baseline(baseline: dict[str, Any]) -> None:
 
 
 def baseline_ms(features: np.ndarray, baseline: dict[str, Any]) -> np.ndarray:
-    """The baseline latency (ms, float64, >= 0) of each row of a ``build_features`` matrix."""
-    columns = [_INDEX[name] for name in baseline["features"]]
-    coefficients = np.asarray(baseline["coefficients"], dtype=np.float64)
-    values = features[:, columns].astype(np.float64) @ coefficients + float(baseline["intercept"])
-    return np.maximum(values, 0.0)
+    """The baseline latency (ms, float64, >= 0) of each row of a ``build_features`` matrix.
+
+    On the prediction hot path: the description is turned into arrays once per baseline object.
+    """
+    _, columns, coefficients, intercept = _compiled(baseline)
+    values = np.dot(features[:, columns], coefficients)
+    values += intercept
+    return np.maximum(values, 0.0, out=values)
+
+
+_COMPILED: dict[int, tuple[dict[str, Any], np.ndarray, np.ndarray, float]] = {}
+
+
+def _compiled(baseline: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray, np.ndarray, float]:
+    entry = _COMPILED.get(id(baseline))
+    if entry is None or entry[0] is not baseline:  # ids are reused once an object is gone
+        if len(_COMPILED) > 64:
+            _COMPILED.clear()
+        columns = np.array([_INDEX[name] for name in baseline["features"]], dtype=np.intp)
+        coefficients = np.asarray(baseline["coefficients"], dtype=np.float64)
+        entry = _COMPILED[id(baseline)] = (baseline, columns, coefficients, float(baseline["intercept"]))
+    return entry

@@ -40,7 +40,10 @@ def fit_baseline(
     columns = np.array([FEATURE_NAMES.index(name) for name in names])
     x = features[np.ix_(rows, columns)].astype(np.float64)
     y = latency_ms[rows].astype(np.float64)
-    intercept, slopes = quantile_regression_nonneg(x, y, quantile)
+    # Relative pinball loss: each row weighs 1 / latency, so the slopes fit the typical request
+    # rather than the few slowest ones (the trees correct the log-ratio around it).
+    relative = 1.0 / np.maximum(y, max(1e-3, 0.01 * float(np.median(y))))
+    intercept, slopes = quantile_regression_nonneg(x, y, quantile, relative)
     return {
         "kind": BASELINE_KIND,
         "features": list(names),
@@ -50,9 +53,13 @@ def fit_baseline(
 
 
 def quantile_regression_nonneg(
-    x: np.ndarray, y: np.ndarray, quantile: float, steps: int = IRLS_STEPS
+    x: np.ndarray,
+    y: np.ndarray,
+    quantile: float,
+    sample_weight: np.ndarray | None = None,
+    steps: int = IRLS_STEPS,
 ) -> tuple[float, np.ndarray]:
-    """Intercept and non-negative slopes minimising the mean pinball loss of ``y ~ x`` (IRLS)."""
+    """Intercept and non-negative slopes minimising the (weighted) mean pinball loss of ``y ~ x`` (IRLS)."""
     n, k = x.shape
     scale = np.maximum(np.abs(x).max(axis=0, initial=0.0), 1e-12)
     design = np.column_stack((np.ones(n), x / scale))
@@ -62,6 +69,8 @@ def quantile_regression_nonneg(
     for _ in range(steps):
         residual = y - design @ beta
         weight = np.where(residual > 0, quantile, 1.0 - quantile) / np.maximum(np.abs(residual), floor)
+        if sample_weight is not None:
+            weight = weight * sample_weight
         beta = _nonneg_weighted_lstsq(design, y, weight)
     slopes = beta[1:] / scale
     if not np.isfinite(beta).all():
