@@ -6,11 +6,17 @@ sample carries no such latency), orders them by (timestamp, arrival) and holds o
 newest part, so evaluation predicts the future as production does. The rest is split into
 *train* and *calibration* parts, the calibration part spread over the whole span in short
 runs (``evaluation.calibration_mask``): under bursty traffic a contiguous stretch holds one
-regime and would make the offset swing with it. A quantile (or mean) XGBoost model is fitted
-on log1p(latency), calibrated with a conformal offset on the calibration part, and scored on
-the held-out part. The current published version is scored on the same held-out samples;
-the candidate replaces it only if it is not worse. A model that cannot be trained or loses
-keeps the current one, so a version may update just one of the two models.
+regime and would make the offset swing with it. First a linear work-ahead baseline is fitted
+on the training part (``baseline_fit``: a quantile regression with non-negative slopes on the
+queued and in-flight work), then a quantile (or mean) XGBoost model on log1p(latency) with the
+baseline's log1p as ``base_margin``, so the trees learn the log-ratio around a latency that keeps
+growing with the work beyond the trained range (``monotone_constraints`` where physics says so).
+It is calibrated with a conformal offset on the calibration part and scored on the held-out part,
+always through ``shared.artifacts.served_latency_ms``, as serving computes it. The current
+published version is scored on the same held-out samples, and the guard
+(``evaluation.compare_paired``) refuses the candidate only when it is worse with confidence. A
+model that cannot be trained or is refused keeps the current one, so a version may update just
+one of the two models.
 """
 
 from __future__ import annotations
