@@ -87,7 +87,10 @@ def test_more_queued_work_never_lowers_ttft_and_more_decode_work_never_lowers_tp
     for model, growth in ((0, queued), (1, decoding)):
         previous = None
         for step in range(12):
-            grown = {**columns, **{name: columns[name] + per_step * step for name, per_step in growth.items()}}
+            grown = {
+                **columns,
+                **{name: columns[name] + per_step * step for name, per_step in growth.items()},
+            }
             predicted = predictor.predict(build_features(grown))[model]
             if previous is not None:
                 assert (predicted >= previous * (1 - 1e-6)).all(), (model, step)

@@ -26,7 +26,8 @@ def _bursty_losses(n: int, seed: int) -> np.ndarray:
 
 def test_an_equal_candidate_is_published_although_its_loss_is_a_little_higher() -> None:
     current = _bursty_losses(3000, seed=1)
-    candidate = current * np.random.default_rng(3).lognormal(-0.045, 0.3, 3000)  # mean 1: same model, other noise
+    noise = np.random.default_rng(3).lognormal(-0.045, 0.3, 3000)  # mean 1: same model, other noise
+    candidate = current * noise
     assert candidate.mean() > current.mean(), "a strict 'not worse' rule would refuse it"
     decision = compare_paired(candidate, current, confidence=0.95)
     assert decision.accepted and decision.verdict == "equal", decision.reason
@@ -49,14 +50,18 @@ def test_tolerance_widens_what_counts_as_not_worse() -> None:
 
 def _window(n: int, seed: int) -> StratifiedWindow:
     window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=3600)
-    window.insert(synthetic.samples(n, np.random.default_rng(seed)), time.time() - 100 + np.linspace(0, 99, n))
+    window.insert(
+        synthetic.samples(n, np.random.default_rng(seed)), time.time() - 100 + np.linspace(0, 99, n)
+    )
     return window
 
 
 def test_the_trainer_publishes_an_equally_good_retrain(tmp_path: Path) -> None:
     """Two retrains on traffic from one regime are equally good: the second must be published
     (before, about a third of such candidates were refused on noise)."""
-    settings = TrainingSettings(data_dir=tmp_path, n_estimators=40, min_train_samples=200, stratum_cap=1_000_000)
+    settings = TrainingSettings(
+        data_dir=tmp_path, n_estimators=40, min_train_samples=200, stratum_cap=1_000_000
+    )
     store = ModelStore(settings.store_dir)
     publish_prior(store, 0.9)
     trainer = Trainer(store, settings)
