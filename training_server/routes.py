@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from shared.artifacts import MANIFEST_FILE, MODEL_NAMES
-from shared.errors import ArtifactError, NotFound
+from shared.errors import ArtifactError, CorruptArtifact, NotFound, StoreUnreadable
 from shared.http import check_token, json_response, read_body
 from shared.metrics import metrics_response
 from training_server.service import TrainingService
@@ -131,13 +131,26 @@ async def retrain(request: Request, service: ServiceDep, wait: bool = False) -> 
 @router.get("/models")
 async def list_versions(service: ServiceDep) -> Response:
     store = service.store
-    current, versions = await run_in_threadpool(lambda: (store.current_version(), store.versions()))
-    return json_response({"current": current, "versions": versions})
+    def listing() -> dict[str, Any]:
+        try:
+            current = store.current_version()
+        except CorruptArtifact as exc:  # the versions are still listed, for readers to fall back on
+            return {"current": None, "current_error": str(exc), "versions": store.versions()}
+        return {"current": current, "versions": store.versions()}
+
+    return json_response(await run_in_threadpool(listing))
+
+
+def _current(service: TrainingService) -> str | None:
+    try:
+        return service.store.current_version()
+    except CorruptArtifact as exc:  # damaged after start-up (start-up quarantines it)
+        raise StoreUnreadable(f"store_unreadable: {exc}") from None
 
 
 @router.get("/models/current")
 async def current_manifest(service: ServiceDep) -> Response:
-    version = service.store.current_version()
+    version = await run_in_threadpool(_current, service)
     if version is None:
         raise NotFound("No model version has been published")
     return await _store_file(service, version, MANIFEST_FILE)

@@ -14,14 +14,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import xgboost as xgb
 
-from shared.artifacts import Manifest, ModelStore
-from shared.errors import ArtifactError, IngestSaturated, InvalidInput, ServiceError
+from shared.artifacts import CURRENT_FILE, Manifest, ModelStore
+from shared.errors import ArtifactError, CorruptArtifact, IngestSaturated, InvalidInput, ServiceError
 from shared.logging import log_event
 from shared.prior import publish_prior
 from shared.schemas import Columns, loads, parse_training_entries, require_list
@@ -95,15 +96,36 @@ class TrainingService:
         return self.persistence.restore(time.time())
 
     def _ensure_model(self) -> Manifest:
-        """Publish the prior when the store has no usable current version (cold start)."""
+        """The current version; if it is damaged or gone, the newest version that verifies
+        (damaged ones are quarantined); the prior only when the store has no usable version."""
+        store = self.store
         try:
-            return self.store.load().manifest
+            return store.load().manifest
+        except CorruptArtifact as exc:
+            try:
+                store.current_version()
+            except CorruptArtifact:
+                self._quarantined("current", store.quarantine(store.root / CURRENT_FILE), exc)
+            else:
+                self._damaged(str(store.current_version()), exc)
         except ArtifactError as exc:
-            if self.store.current_version() is not None:
+            if store.current_version() is not None:
                 log_event(log, "current_version_unusable", logging.ERROR, error=str(exc))
+        good = store.newest_verified(self._damaged)
+        if good is not None:
+            store.point_to(good.manifest.version)
+            log_event(log, "current_version_restored", logging.WARNING, version=good.manifest.version)
+            return good.manifest
         version = publish_prior(self.store, self.settings.quantile, self.settings.objective)
         log_event(log, "prior_published", version=version)
         return self.store.read_manifest(version)
+
+    def _damaged(self, version: str, exc: CorruptArtifact) -> None:
+        self._quarantined("version", self.store.quarantine_version(version), exc)
+
+    def _quarantined(self, kind: str, moved_to: Path, exc: Exception) -> None:
+        self.metrics.quarantined.labels(kind).inc()
+        log_event(log, "store_file_quarantined", logging.ERROR, kind=kind, error=str(exc), moved_to=str(moved_to))
 
     def _matches_settings(self, manifest: Manifest) -> bool:
         s = self.settings
