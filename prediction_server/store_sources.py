@@ -32,7 +32,6 @@ from shared.logging import log_event
 log = logging.getLogger(__name__)
 
 
-
 class StoreUnavailable(Exception):
     """The store could not be read right now; try again on the next poll."""
 
@@ -132,7 +131,9 @@ class HttpSource:
             return None
         if response.status_code == 503 and b"store_unreadable" in response.content:
             # The training server is up but its CURRENT is damaged: fall back, do not wait.
-            raise BadVersion("unreadable-current-remote", f"the store's CURRENT is unreadable: {response.text[:200]}")
+            raise BadVersion(
+                "unreadable-current-remote", f"the store's CURRENT is unreadable: {response.text[:200]}"
+            )
         self._check(response, "current manifest")
         try:
             manifest = Manifest.from_json(response.content)
@@ -153,7 +154,9 @@ class HttpSource:
     async def fetch(self, version: str) -> Fetched:
         if not VERSION_NAME.match(version):
             raise ArtifactError(f"bad version name {version!r}")
-        manifest = self._manifests.get(version) or Manifest.from_json(await self._file(version, MANIFEST_FILE))
+        manifest = self._manifests.get(version) or Manifest.from_json(
+            await self._file(version, MANIFEST_FILE)
+        )
         cached = await self._from_cache(manifest)
         if cached is not None:
             return cached

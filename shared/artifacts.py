@@ -221,7 +221,9 @@ class ModelStore:
         except FileNotFoundError as exc:
             raise ArtifactError(f"version {version}: file {file} not found") from exc
 
-    def newest_verified(self, on_damaged: Callable[[str, CorruptArtifact], None] | None = None) -> ModelSet | None:
+    def newest_verified(
+        self, on_damaged: Callable[[str, CorruptArtifact], None] | None = None
+    ) -> ModelSet | None:
         """The newest trained version that verifies, else the newest verifying prior, else ``None``.
 
         Damaged versions met on the way are passed to ``on_damaged`` (the store's writer
@@ -345,4 +347,3 @@ class ModelStore:
         if not VERSION_NAME.match(version):
             raise ArtifactError(f"bad version name {version!r}")
         return self.versions_dir / version
-

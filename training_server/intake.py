@@ -156,9 +156,7 @@ class Intake:
             if len(batches) == 1:
                 columns, timestamps, _ = batches[0]
             else:
-                columns = {
-                    name: np.concatenate([c[name] for c, _, _ in batches]) for name in batches[0][0]
-                }
+                columns = {name: np.concatenate([c[name] for c, _, _ in batches]) for name in batches[0][0]}
                 timestamps = np.concatenate([ts for _, ts, _ in batches])
             evicted = self._window.insert(columns, timestamps, max(lsns) if lsns else None)
         except Exception as exc:  # never let one bad batch kill the inserter

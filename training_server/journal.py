@@ -27,6 +27,7 @@ good record, with a log line and a metric. Never fatal.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -270,10 +271,8 @@ class Journal:
     def size_bytes(self) -> int:
         total = 0
         for path in self.segments():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += path.stat().st_size
-            except FileNotFoundError:
-                pass
         return total
 
     def _open_segment(self) -> None:

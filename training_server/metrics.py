@@ -56,7 +56,9 @@ class TrainingMetrics:
             "training_journal_records", "Records (batches, flushes) written to the journal", registry=r
         )
         self.journal_replayed = Counter(
-            "training_journal_replayed_samples", "Samples re-inserted from the journal at start-up", registry=r
+            "training_journal_replayed_samples",
+            "Samples re-inserted from the journal at start-up",
+            registry=r,
         )
         self.duplicates = Counter(
             "training_ingest_duplicate_batches",

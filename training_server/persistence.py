@@ -179,9 +179,7 @@ class Persistence:
             extra = self.keys.export()
             self._bytes_at_save = self.journal.bytes_written
             await asyncio.to_thread(self.journal.rotate)
-            saved, lsn = await asyncio.to_thread(
-                self.window.save_snapshot, self.settings.window_path, extra
-            )
+            saved, lsn = await asyncio.to_thread(self.window.save_snapshot, self.settings.window_path, extra)
             self.snapshot_lsn = lsn
             await asyncio.to_thread(self.journal.compact, lsn)
         return saved

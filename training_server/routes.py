@@ -131,6 +131,7 @@ async def retrain(request: Request, service: ServiceDep, wait: bool = False) -> 
 @router.get("/models")
 async def list_versions(service: ServiceDep) -> Response:
     store = service.store
+
     def listing() -> dict[str, Any]:
         try:
             current = store.current_version()

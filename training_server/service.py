@@ -27,8 +27,8 @@ from shared.logging import log_event
 from shared.prior import publish_prior
 from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
-from training_server.intake import Intake
 from training_server.idempotency import MAX_KEY_LENGTH
+from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
 from training_server.persistence import Persistence
 from training_server.scheduler import RetrainScheduler, log_task_failure
@@ -125,7 +125,9 @@ class TrainingService:
 
     def _quarantined(self, kind: str, moved_to: Path, exc: Exception) -> None:
         self.metrics.quarantined.labels(kind).inc()
-        log_event(log, "store_file_quarantined", logging.ERROR, kind=kind, error=str(exc), moved_to=str(moved_to))
+        log_event(
+            log, "store_file_quarantined", logging.ERROR, kind=kind, error=str(exc), moved_to=str(moved_to)
+        )
 
     def _matches_settings(self, manifest: Manifest) -> bool:
         s = self.settings
@@ -150,7 +152,9 @@ class TrainingService:
             authorize()
             if idempotency_key is not None:
                 if not 0 < len(idempotency_key) <= MAX_KEY_LENGTH or not idempotency_key.isprintable():
-                    raise InvalidInput(f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable characters")
+                    msg = f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable characters"
+                    raise InvalidInput([{"type": "value_error", "loc": ["header", "Idempotency-Key"],
+                                         "msg": msg, "input": idempotency_key[:MAX_KEY_LENGTH]}])  # fmt: skip
                 known = self.persistence.known(idempotency_key)
                 if known is None:
                     known = await self.persistence.wait_inflight(idempotency_key)

@@ -104,13 +104,17 @@ def test_current_that_is_not_utf8(template: tuple[Path, list[str]], tmp_path: Pa
             assert list((store / "quarantine").glob("CURRENT.*"))
         finally:
             training.stop()
-        _wait(lambda: _get(replica.url + "/status")["store_current_readable"] is True, "CURRENT readable again")
+        _wait(
+            lambda: _get(replica.url + "/status")["store_current_readable"] is True, "CURRENT readable again"
+        )
     finally:
         replica.stop()
 
 
 @pytest.mark.parametrize("damaged_file", ["manifest.json", "ttft.ubj"])
-def test_a_truncated_current_version(template: tuple[Path, list[str]], tmp_path: Path, damaged_file: str) -> None:
+def test_a_truncated_current_version(
+    template: tuple[Path, list[str]], tmp_path: Path, damaged_file: str
+) -> None:
     data_dir, store, (older, newest) = _copy(template, tmp_path)
     path = store / "versions" / newest / damaged_file
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -127,7 +131,10 @@ def test_a_truncated_current_version(template: tuple[Path, list[str]], tmp_path:
             # The next version never reuses the quarantined name (replicas remember it as refused).
             trained = httpx.post(training.url + "/retrain", params={"wait": "true"}, timeout=120).json()
             assert trained["outcome"] == "published" and trained["version"] > newest, trained
-            _wait(lambda: _get(replica.url + "/status")["model_version"] == trained["version"], "the new version")
+            _wait(
+                lambda: _get(replica.url + "/status")["model_version"] == trained["version"],
+                "the new version",
+            )
         finally:
             training.stop()
     finally:
@@ -142,7 +149,9 @@ def test_a_truncated_window_snapshot(template: tuple[Path, list[str]], tmp_path:
     try:
         status = _get(training.url + "/status")
         assert status["current_version"] == newest and status["is_prior"] is False
-        assert 'training_quarantined_files_total{kind="window"} 1.0' in httpx.get(training.url + "/metrics").text
+        assert (
+            'training_quarantined_files_total{kind="window"} 1.0' in httpx.get(training.url + "/metrics").text
+        )
         assert list(data_dir.glob("window.npz.corrupt-*"))
         entries = synthetic.to_entries(synthetic.samples(500, np.random.default_rng(7)))
         body = orjson.dumps({"entries": entries})

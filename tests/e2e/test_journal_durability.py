@@ -67,7 +67,9 @@ def test_sigkill_right_after_202s_loses_nothing(tmp_path: Path) -> None:
     first = _start(data_dir, logs)
     with httpx.Client(timeout=10) as client:
         for batch in range(20):
-            response = client.post(first.url + "/add_training_data_bulk", content=_body(batch * 1000 + 1, 1000))
+            response = client.post(
+                first.url + "/add_training_data_bulk", content=_body(batch * 1000 + 1, 1000)
+            )
             assert response.status_code == 202, response.text
             assert response.json() == {"message": "Accepted 1000 training samples."}
     first.kill()  # at once: no shutdown hook, no save
@@ -100,7 +102,9 @@ class _Feeder:
                     self._next += 500
                     self.sent.append(ids)
                 try:
-                    response = client.post(self.url + "/add_training_data_bulk", content=_body(ids.start, 500))
+                    response = client.post(
+                        self.url + "/add_training_data_bulk", content=_body(ids.start, 500)
+                    )
                 except httpx.HTTPError:
                     return  # the server died under us: this batch was never acknowledged
                 if response.status_code == 202:
@@ -181,8 +185,12 @@ def test_a_resent_idempotency_key_is_not_inserted_twice_even_across_sigkill(tmp_
     body = _body(1, 1000)
     for _ in range(3):
         response = httpx.post(first.url + url, content=body, headers={"Idempotency-Key": "relay-batch-1"})
-        assert response.status_code == 202 and response.json() == {"message": "Accepted 1000 training samples."}
-    other = httpx.post(first.url + url, content=_body(5001, 500), headers={"Idempotency-Key": "relay-batch-2"})
+        assert response.status_code == 202 and response.json() == {
+            "message": "Accepted 1000 training samples."
+        }
+    other = httpx.post(
+        first.url + url, content=_body(5001, 500), headers={"Idempotency-Key": "relay-batch-2"}
+    )
     assert other.status_code == 202
     _wait(lambda: _status(first)["window"]["samples"] == 1500, "both batches once")
     assert "training_ingest_duplicate_batches_total 2.0" in httpx.get(first.url + "/metrics").text
@@ -195,7 +203,10 @@ def test_a_resent_idempotency_key_is_not_inserted_twice_even_across_sigkill(tmp_
     # After a snapshot (journal compacted) the key is still known: it is in the snapshot.
     assert second.stop() in (0, -signal.SIGTERM)
     third = _start(data_dir, logs)
-    assert httpx.post(third.url + url, content=body, headers={"Idempotency-Key": "relay-batch-1"}).status_code == 202
+    assert (
+        httpx.post(third.url + url, content=body, headers={"Idempotency-Key": "relay-batch-1"}).status_code
+        == 202
+    )
     assert sorted(_window_ids(third, data_dir).tolist()) == [*range(1, 1001), *range(5001, 5501)]
 
 
