@@ -124,9 +124,16 @@ class HttpSource:
         self._client = httpx.AsyncClient(timeout=timeout_s)
         self._cache = LocalSource(cache_dir) if cache_dir is not None else None
         self._manifests: dict[str, Manifest] = {}
+        self._etag: tuple[str, str] | None = None  # (ETag of the current manifest, its version)
 
     async def current_version(self) -> str | None:
-        response = await self._get("/models/current")
+        # A cheap check: with If-None-Match the training server answers 304 without a body while
+        # the current manifest is the one we already have.
+        headers = {"If-None-Match": self._etag[0]} if self._etag is not None else None
+        response = await self._get("/models/current", headers)
+        if response.status_code == 304 and self._etag is not None:
+            return self._etag[1]
+        self._etag = None
         if response.status_code == 404:
             return None
         if response.status_code == 503 and b"store_unreadable" in response.content:
@@ -140,6 +147,8 @@ class HttpSource:
         except ArtifactError as exc:
             raise BadVersion(f"unreadable-current-{sha256_hex(response.content)[:12]}", str(exc)) from exc
         self._manifests = {manifest.version: manifest}
+        etag = response.headers.get("etag")
+        self._etag = (etag, manifest.version) if etag else None
         return manifest.version
 
     async def versions(self) -> list[str]:
@@ -200,9 +209,9 @@ class HttpSource:
         self._check(response, f"{version}/{file}")
         return response.content
 
-    async def _get(self, path: str) -> httpx.Response:
+    async def _get(self, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
         try:
-            return await self._client.get(self.base_url + path)
+            return await self._client.get(self.base_url + path, headers=headers)
         except httpx.HTTPError as exc:
             raise StoreUnavailable(f"GET {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
 

@@ -23,7 +23,7 @@ from shared.errors import Overloaded
 from shared.logging import log_event
 from shared.schemas import ROW_FIELD_NAMES, Columns
 from training_server.config import TrainingSettings
-from training_server.idempotency import RecentKeys
+from training_server.idempotency import Outcome, RecentKeys
 from training_server.intake import Intake
 from training_server.journal import FLUSH, SAMPLES, Journal, JournalRecord
 from training_server.metrics import TrainingMetrics
@@ -81,7 +81,8 @@ class Persistence:
         pending: list[JournalRecord] = []
         for record in self.journal.recover():
             if record.key:
-                self.keys.add(record.key, record.accepted_at, record.acknowledged)
+                outcome = (record.acknowledged, record.acknowledged - len(record.data))
+                self.keys.add(record.key, record.accepted_at, outcome)
             if record.lsn <= self.snapshot_lsn:
                 continue
             if record.kind == FLUSH:
@@ -110,11 +111,11 @@ class Persistence:
         self.metrics.journal_replayed.inc(len(data))
 
     # ---- ingestion -------------------------------------------------------------------------
-    def known(self, key: str) -> int | None:
-        """The acknowledged count of an already accepted ``Idempotency-Key``, else ``None``."""
+    def known(self, key: str) -> Outcome | None:
+        """(acknowledged, stale) of an already accepted ``Idempotency-Key``, else ``None``."""
         return self.keys.get(key, time.time())
 
-    async def wait_inflight(self, key: str) -> int | None:
+    async def wait_inflight(self, key: str) -> Outcome | None:
         """If a request with ``key`` is being committed, its outcome (``None`` if it failed)."""
         future = self.keys.inflight(key)
         if future is None:
@@ -127,9 +128,10 @@ class Persistence:
             raise
 
     async def commit(
-        self, columns: Columns, timestamps: np.ndarray, key: str | None, acknowledged: int, now_s: float
+        self, columns: Columns, timestamps: np.ndarray, key: str | None, outcome: Outcome, now_s: float
     ) -> None:
-        """Journal a validated batch (durable when this returns); it then reaches the window."""
+        """Journal a validated batch (durable when this returns); it then reaches the window.
+        ``outcome`` = (entries acknowledged, of which stale and not in ``columns``)."""
         n = len(timestamps)
         if n == 0 and not key:
             return
@@ -138,7 +140,7 @@ class Persistence:
             if n:
                 self.intake.reserve(n)
             data = np.column_stack([*(columns[name] for name in _SAMPLE_FIELDS), timestamps])
-            record = JournalRecord(SAMPLES, data, key or "", acknowledged, now_s)
+            record = JournalRecord(SAMPLES, data, key or "", outcome[0], now_s)
             try:
                 await asyncio.wrap_future(self.journal.append(record))
             except Exception as exc:
@@ -146,8 +148,8 @@ class Persistence:
                     self.intake.release(n)
                 raise Overloaded(f"The journal could not be written: {exc}", retry_after_s=1.0) from exc
             if key and token is not None:
-                self.keys.add(key, now_s, acknowledged)
-                token.set_result(acknowledged)
+                self.keys.add(key, now_s, outcome)
+                token.set_result(outcome)
         finally:
             if key and token is not None:
                 self.keys.end(key, token)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from shared.artifacts import MANIFEST_FILE, MODEL_NAMES
+from shared.artifacts import MANIFEST_FILE, MODEL_NAMES, sha256_hex
 from shared.errors import ArtifactError, CorruptArtifact, NotFound, StoreUnreadable
 from shared.http import check_token, json_response, read_body
 from shared.metrics import metrics_response
@@ -38,12 +38,18 @@ async def add_training_data_bulk(request: Request, service: ServiceDep) -> Respo
         if settings.token_protects_ingest:
             check_token(request, settings.token())
 
-    accepted = await service.ingest(
+    accepted, stale = await service.ingest(
         lambda: read_body(request, settings.max_body_bytes),
         authorize,
         request.headers.get("idempotency-key"),
     )
-    return json_response({"message": f"Accepted {accepted} training samples."}, 202)
+    message = f"Accepted {accepted} training samples."
+    if stale:  # counted too: training_window_evicted_samples_total{reason="stale"}, /status
+        message = (
+            f"Accepted {accepted} training samples; {stale} of them are older than max-age "
+            f"({settings.max_age_s:g} s) and were discarded."
+        )
+    return json_response({"message": message}, 202)
 
 
 @router.get("/model/download/info")
@@ -150,11 +156,18 @@ def _current(service: TrainingService) -> str | None:
 
 
 @router.get("/models/current")
-async def current_manifest(service: ServiceDep) -> Response:
+async def current_manifest(request: Request, service: ServiceDep) -> Response:
+    """The current manifest, with an ``ETag``: a replica polling with ``If-None-Match`` gets a
+    bodiless 304 while the version is unchanged."""
     version = await run_in_threadpool(_current, service)
     if version is None:
         raise NotFound("No model version has been published")
-    return await _store_file(service, version, MANIFEST_FILE)
+    response = await _store_file(service, version, MANIFEST_FILE)
+    etag = f'"{sha256_hex(bytes(response.body))[:32]}"'
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return response
 
 
 @router.get("/models/versions/{version}/manifest.json")

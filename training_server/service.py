@@ -24,6 +24,7 @@ import xgboost as xgb
 from shared.artifacts import CURRENT_FILE, Manifest, ModelStore
 from shared.errors import ArtifactError, CorruptArtifact, IngestSaturated, InvalidInput, ServiceError
 from shared.logging import log_event
+from shared.metrics import counter_totals
 from shared.prior import publish_prior
 from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
@@ -63,9 +64,6 @@ class TrainingService:
         self._ingesting = 0
         self._manifest: Manifest | None = None
         self._tree_dumps: dict[tuple[str, str], bytes] = {}
-        self.samples_accepted = 0
-        self.rejected_requests: dict[str, int] = {}
-        self.rejected_samples: dict[str, int] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -141,10 +139,11 @@ class TrainingService:
         read_body: Callable[[], Awaitable[bytes]],
         authorize: Callable[[], None],
         idempotency_key: str | None = None,
-    ) -> int:
-        """Authorize, read, validate and journal one bulk request; returns the samples accepted.
+    ) -> tuple[int, int]:
+        """Authorize, read, validate and journal one bulk request; returns (samples acknowledged,
+        of which discarded as older than ``max_age_s``).
 
-        A batch whose ``idempotency_key`` was already accepted returns that batch's count and
+        A batch whose ``idempotency_key`` was already accepted returns that batch's outcome and
         inserts nothing (a resend after a timeout)."""
         started = time.perf_counter()
         entries: list[Any] | None = None
@@ -172,19 +171,16 @@ class TrainingService:
             now_s = time.time()
             columns, timestamps = parse_training_entries(entries, now_s=now_s)
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
-            await self.persistence.commit(columns, timestamps, idempotency_key, len(entries), now_s)
+            outcome = (len(entries), len(entries) - len(timestamps))
+            await self.persistence.commit(columns, timestamps, idempotency_key, outcome, now_s)
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
-            self.rejected_requests[exc.reason] = self.rejected_requests.get(exc.reason, 0) + 1
-            samples = len(entries) if entries is not None else 0
-            self.rejected_samples[exc.reason] = self.rejected_samples.get(exc.reason, 0) + samples
             raise
         n = len(entries)
-        self.samples_accepted += n
         self.metrics.samples_accepted.inc(n)
         self.metrics.ingest_rows.observe(n)
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
-        return n
+        return outcome
 
     def _keep_fresh(
         self, columns: Columns, timestamps: np.ndarray, now_s: float
@@ -295,9 +291,10 @@ class TrainingService:
             "intake": {
                 "pending_samples": self.intake.pending_samples,
                 "max_pending_samples": s.max_pending_samples,
-                "accepted_samples": self.samples_accepted,
-                "rejected_requests": dict(self.rejected_requests),
-                "rejected_samples": dict(self.rejected_samples),
+                "accepted_samples": counter_totals(self.metrics.samples_accepted).get("", 0),
+                "rejected_requests": counter_totals(self.metrics.requests_rejected, nonzero=True),
+                "rejected_samples": counter_totals(self.metrics.samples_rejected, nonzero=True),
+                "stale_samples_discarded": counter_totals(self.metrics.samples_evicted).get("stale", 0),
             },
             "journal": self.persistence.status(),
             "training": self.scheduler.status(),
