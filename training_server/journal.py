@@ -236,7 +236,9 @@ class Journal:
     def rotate(self) -> None:
         """Start a new active segment (so the old one can be compacted once snapshotted)."""
         with self._io_lock:
-            if self._active_bytes > len(self._header):
+            if self._closed:  # after close (the final save): nothing stays active
+                self._active = None
+            elif self._active_bytes > len(self._header):
                 self._sync()
                 self._close_fd()
                 self._open_segment()
@@ -247,10 +249,9 @@ class Journal:
             # A segment's records end just before the next segment's first lsn.
             paths = self.segments()
             firsts = [int(p.stem.split("-", 1)[1]) for p in paths]
+            ends = [*firsts[1:], self._next_lsn]
             doomed = [
-                p
-                for p, nxt in zip(paths[:-1], firsts[1:], strict=True)
-                if p != self._active and nxt <= snapshot_lsn + 1
+                p for p, nxt in zip(paths, ends, strict=True) if p != self._active and nxt <= snapshot_lsn + 1
             ]
             for path in doomed:
                 path.unlink(missing_ok=True)

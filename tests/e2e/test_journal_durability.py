@@ -80,6 +80,8 @@ def test_sigkill_right_after_202s_loses_nothing(tmp_path: Path) -> None:
     assert status["journal"]["replayed_samples"] == 20_000
     ids = _window_ids(second, data_dir)
     assert sorted(ids.tolist()) == list(range(1, 20_001))
+    # The graceful stop saved the window and compacted the journal it covers.
+    assert not list((data_dir / "journal").glob("journal-*.log"))
 
 
 class _Feeder:
