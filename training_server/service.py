@@ -33,6 +33,7 @@ from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
 from training_server.persistence import Persistence
 from training_server.scheduler import RetrainScheduler, log_task_failure
+from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
 
@@ -65,6 +66,7 @@ class TrainingService:
         self._manifest: Manifest | None = None
         self._tree_dumps: dict[tuple[str, str], bytes] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
+        metrics.bind_model(lambda: self._manifest, self.store)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,7 +97,11 @@ class TrainingService:
 
     def _ensure_model(self) -> Manifest:
         """The current version; if it is damaged or gone, the newest version that verifies
-        (damaged ones are quarantined); the prior only when the store has no usable version."""
+        (damaged ones are quarantined); the ``--seed-bundle`` when the store has no trained
+        version yet; the prior only when the store has no usable version (cold start)."""
+        seeded = seed_at_start(self.store, self.settings)
+        if seeded is not None:
+            return seeded
         store = self.store
         try:
             return store.load().manifest
@@ -205,6 +211,10 @@ class TrainingService:
 
     def _on_published(self, version: str) -> None:
         self._set_current(self.store.read_manifest(version))
+
+    def adopt(self, manifest: Manifest) -> None:
+        """Serve a version published outside the trainer (``POST /model/import``)."""
+        self._set_current(manifest)
 
     def _pending(self) -> int:
         return self.intake.pending_samples
