@@ -54,6 +54,15 @@ def test_retrain_publishes_and_replicas_can_pull_and_verify_over_http(tmp_path: 
         assert client.get("/models/versions/999999-none/manifest.json").status_code == 404
         assert client.get(f"/models/versions/{manifest.version}/nope.ubj").status_code == 404
         assert client.get(f"/models/versions/{manifest.version}/.hidden").status_code == 404
+        # A NUL byte or a traversal in a store path is a clean 404, not a 500.
+        assert client.get(f"/models/versions/{manifest.version}%00/manifest.json").status_code == 404
+        assert client.get(f"/models/versions/{manifest.version}/ttft.ubj%00").status_code == 404
+        assert client.get("/models/versions/..%2F..%2Fetc/passwd").status_code == 404
+        # The cheap poll: If-None-Match with the current ETag is a bodiless 304.
+        etag = raw_manifest.headers["etag"]
+        unchanged = client.get("/models/current", headers={"If-None-Match": etag})
+        assert unchanged.status_code == 304 and unchanged.content == b""
+        assert client.get("/models/current", headers={"If-None-Match": '"other"'}).status_code == 200
 
         status = client.get("/status").json()
         assert status["is_prior"] is False and status["current_version"] == manifest.version
@@ -112,3 +121,19 @@ def test_a_restored_window_replaces_the_prior_at_start(tmp_path: Path) -> None:
     with TestClient(create_app(settings)) as client:
         wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
         assert client.get("/status").json()["training"]["last_outcome"] == "published"
+
+
+def test_a_drift_request_retrains_at_once_and_model_age_is_reported(tmp_path: Path) -> None:
+    """``request_now`` (the drift detector's call, from any thread) starts a retrain without new-sample
+    or interval triggers; ``/status`` and ``/metrics`` report the serving version's age."""
+    with TestClient(create_app(make_settings(tmp_path))) as client:
+        _fill(client, 2)
+        prior_age = client.get("/status").json()["current_age_s"]
+        assert prior_age is not None and prior_age >= 0
+        wait_for(lambda: metric(client, "training_model_age_seconds") > prior_age)
+        service_of(client).scheduler.request_now("drift: ttft coverage fell in waiting=8-15")
+        wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
+        status = client.get("/status").json()
+        assert status["training"]["last_trigger"] == "drift: ttft coverage fell in waiting=8-15"
+        assert status["current_age_s"] < metric(client, "training_model_age_seconds") + 1.0
+        assert status["current_age_s"] < 10.0
