@@ -3,6 +3,7 @@
 A store is a directory of immutable, versioned model sets::
 
     <root>/versions/000007-trained/{manifest.json, ttft.ubj, tpot.ubj}
+    <root>/versions/000008-calibrated/...   # same model bytes, new per-regime offsets
     <root>/CURRENT            # the name of the current version, switched atomically
 
 A version directory appears by ``rename`` of a fully written and fsynced staging
@@ -16,8 +17,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import uuid
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -27,16 +30,19 @@ import orjson
 
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, FEATURE_VERSION
+from shared.regimes import RegimeOffsets
 
 MODEL_NAMES: tuple[str, ...] = ("ttft", "tpot")
 MANIFEST_FILE = "manifest.json"
 CURRENT_FILE = "CURRENT"
 VERSIONS_DIR = "versions"
 MANIFEST_FORMAT = 1
+KEEP_CALIBRATED_VERSIONS = 2  # calibration versions kept besides the current one
 
 TargetTransform = Literal["log1p", "identity"]
 Objective = Literal["quantile", "mean"]
-Kind = Literal["prior", "trained"]
+# "calibrated": the model files of the version before it (same bytes), new regime offsets.
+Kind = Literal["prior", "trained", "calibrated"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,13 @@ class ModelSpec:
     # Added to the margin before the inverse transform; set by calibration so that the
     # measured coverage of held-out data matches the target quantile.
     calibration_offset: float = 0.0
+    # Per-regime corrections on top of calibration_offset, set by online calibration between
+    # retrains (None: none). Carries its regime scheme so that every reader bins alike.
+    regime_offsets: RegimeOffsets | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.regime_offsets, dict):  # as read from a manifest's JSON
+            object.__setattr__(self, "regime_offsets", RegimeOffsets(**self.regime_offsets))
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,7 @@ class Manifest:
             data["models"] = {name: ModelSpec(**spec) for name, spec in data["models"].items()}
             data["feature_names"] = tuple(data["feature_names"])
             return cls(**data)
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"unreadable manifest: {exc}") from exc
 
     def check_compatible(self) -> None:
@@ -100,6 +113,14 @@ def to_latency_ms(margin: np.ndarray, spec: ModelSpec) -> np.ndarray:
     shifted = margin.astype(np.float64) + spec.calibration_offset
     values = np.expm1(shifted) if spec.target_transform == "log1p" else shifted
     return np.maximum(values, 0.0)
+
+
+def served_latency_ms(tree_margin: np.ndarray, features: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """What a version serves in milliseconds: the trees' margin plus the calibration offset plus,
+    when the spec has them, the offset of each row's regime."""
+    if spec.regime_offsets is None:
+        return to_latency_ms(tree_margin, spec)
+    return to_latency_ms(tree_margin.astype(np.float64) + spec.regime_offsets.for_rows(features), spec)
 
 
 def to_margin_target(latency_ms: np.ndarray, transform: TargetTransform) -> np.ndarray:
@@ -142,6 +163,8 @@ class ModelStore:
     def __init__(self, root: Path | str, keep_versions: int = 5) -> None:
         self.root = Path(root)
         self.keep_versions = max(1, keep_versions)
+        # The trainer and online calibration publish from different threads of one process.
+        self._publish_lock = threading.Lock()
 
     @property
     def versions_dir(self) -> Path:
@@ -201,12 +224,6 @@ class ModelStore:
         xgboost_version: str = "",
     ) -> Manifest:
         """Write a new immutable version, switch ``CURRENT`` to it atomically and prune old versions."""
-        self.versions_dir.mkdir(parents=True, exist_ok=True)
-        existing = self.versions()
-        sequence = 1 + max(
-            (int(v.split("-", 1)[0]) for v in existing if v.split("-", 1)[0].isdigit()), default=0
-        )
-        version = f"{sequence:06d}-{kind}"
         specs = {
             name: ModelSpec(
                 file=f"{name}.ubj",
@@ -217,11 +234,11 @@ class ModelStore:
             )
             for name, data in models.items()
         }
-        manifest = Manifest(
-            version=version,
-            sequence=sequence,
+        template = Manifest(
+            version="",
+            sequence=0,
             kind=kind,
-            created_at=utc_now_iso(),
+            created_at="",
             objective=objective,
             quantile=quantile,
             models=specs,
@@ -229,12 +246,48 @@ class ModelStore:
             metrics=dict(metrics or {}),
             xgboost_version=xgboost_version,
         )
+        with self._publish_lock:
+            return self._write_version(template, models)
+
+    def publish_calibrated(
+        self, based_on: str, regime_offsets: dict[str, RegimeOffsets], metrics: dict[str, Any]
+    ) -> Manifest | None:
+        """Publish a lightweight version: the model files of ``based_on`` (hard links, same bytes
+        and SHA-256) with new ``regime_offsets``; replicas swap offsets without recompiling trees.
+
+        Publishes only if ``based_on`` is still current (a retrain may have just replaced it);
+        returns ``None`` otherwise.
+        """
+        with self._publish_lock:
+            if self.current_version() != based_on:
+                return None
+            base = self.read_manifest(based_on)
+            models = {name: self._version_dir(based_on) / spec.file for name, spec in base.models.items()}
+            specs = {
+                name: replace(spec, regime_offsets=regime_offsets.get(name, spec.regime_offsets))
+                for name, spec in base.models.items()
+            }
+            template = replace(base, kind="calibrated", models=specs, metrics={**base.metrics, **metrics})
+            return self._write_version(template, models)
+
+    def _write_version(self, template: Manifest, models: Mapping[str, bytes | Path]) -> Manifest:
+        """Under the publish lock: number, write, fsync and rename a version; point CURRENT to it."""
+        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        sequence = 1 + max(
+            (int(v.split("-", 1)[0]) for v in self.versions() if v.split("-", 1)[0].isdigit()), default=0
+        )
+        version = f"{sequence:06d}-{template.kind}"
+        manifest = replace(template, version=version, sequence=sequence, created_at=utc_now_iso())
         manifest.check_compatible()
         staging = self.root / f".staging-{uuid.uuid4().hex}"
         staging.mkdir(parents=True)
         try:
             for name, data in models.items():
-                _write_synced(staging / specs[name].file, data)
+                target = staging / manifest.models[name].file
+                if isinstance(data, Path):
+                    _link_or_copy(data, target)
+                else:
+                    _write_synced(target, data)
             _write_synced(staging / MANIFEST_FILE, manifest.to_json())
             _fsync_dir(staging)
             os.rename(staging, self._version_dir(version))
@@ -247,10 +300,15 @@ class ModelStore:
         return manifest
 
     def prune(self) -> list[str]:
-        """Delete all but the newest ``keep_versions`` versions (never the current one)."""
+        """Delete all but the newest ``keep_versions`` trained (or prior) versions and the newest
+        ``KEEP_CALIBRATED_VERSIONS`` calibration versions; never the current one. Frequent
+        calibration versions therefore never push the trained versions kept for rollback out."""
         current = self.current_version()
         versions = self.versions()
-        doomed = [v for v in versions[: -self.keep_versions] if v != current]
+        calibrated = [v for v in versions if v.endswith("-calibrated")]
+        others = [v for v in versions if not v.endswith("-calibrated")]
+        old = others[: -self.keep_versions] + calibrated[:-KEEP_CALIBRATED_VERSIONS]
+        doomed = [v for v in old if v != current]
         for version in doomed:
             shutil.rmtree(self._version_dir(version), ignore_errors=True)
         for leftover in self.root.glob(".staging-*"):
@@ -269,6 +327,14 @@ class ModelStore:
         if "/" in version or version.startswith("."):
             raise ArtifactError(f"bad version name {version!r}")
         return self.versions_dir / version
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Model files are immutable, so a hard link shares them; copy where links are unsupported."""
+    try:
+        os.link(source, target)
+    except OSError:
+        _write_synced(target, source.read_bytes())
 
 
 def _write_synced(path: Path, data: bytes) -> None:

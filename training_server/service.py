@@ -25,7 +25,9 @@ from shared.logging import log_event
 from shared.prior import publish_prior
 from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
+from training_server.drift import DriftEvent
 from training_server.intake import Intake
+from training_server.live_scoring import LiveScorer
 from training_server.metrics import TrainingMetrics
 from training_server.scheduler import RetrainScheduler, log_task_failure
 from training_server.trainer import Trainer, TrainingOutcome
@@ -54,6 +56,12 @@ class TrainingService:
         self.scheduler = RetrainScheduler(
             settings, self.window, Trainer(self.store, settings), metrics, self._on_published
         )
+        self.live = (
+            LiveScorer(self.store, settings, metrics, self._on_drift, self._on_calibrated)
+            if settings.live_scoring
+            else None
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._persist_lock = asyncio.Lock()
         self._ingesting = 0
@@ -63,15 +71,19 @@ class TrainingService:
         self.rejected_requests: dict[str, int] = {}
         self.rejected_samples: dict[str, int] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
+        metrics.bind_drift(lambda: self.live.seconds_since_drift() if self.live else None)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_window)
         manifest = await asyncio.to_thread(self._ensure_model)
         self._set_current(manifest)
         self.intake.start()
         self.scheduler.start()
+        if self.live is not None:
+            self.live.start()
         if restored and (manifest.kind == "prior" or not self._matches_settings(manifest)):
             await self.scheduler.request(wait=False)  # a restored window can replace the prior now
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="window-maintenance")
@@ -80,6 +92,8 @@ class TrainingService:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self.intake.close)  # inserts what was already accepted
+        if self.live is not None:
+            await asyncio.to_thread(self.live.close)
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
@@ -135,6 +149,8 @@ class TrainingService:
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
             if len(timestamps):
                 self.intake.submit(columns, timestamps)
+                if self.live is not None:
+                    self.live.submit(columns, timestamps)  # scored off the loop; skipped when behind
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
             self.rejected_requests[exc.reason] = self.rejected_requests.get(exc.reason, 0) + 1
@@ -172,11 +188,23 @@ class TrainingService:
     def _on_published(self, version: str) -> None:
         self._set_current(self.store.read_manifest(version))
 
+    def _on_drift(self, event: DriftEvent) -> None:
+        """Live-scoring thread: a drift event retrains now."""
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self.scheduler.request(wait=False), self._loop)
+
+    def _on_calibrated(self, manifest: Manifest) -> None:
+        """Live-scoring thread: a calibration version was published."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._set_current, manifest)
+
     def _pending(self) -> int:
         return self.intake.pending_samples
 
     def _set_current(self, manifest: Manifest) -> None:
         self._manifest = manifest
+        if self.live is not None:
+            self.live.set_current(manifest)
         self.metrics.set_version(manifest.version, manifest.kind)
         for name in manifest.models:
             entry = manifest.metrics.get(name)
@@ -262,4 +290,5 @@ class TrainingService:
                 "rejected_samples": dict(self.rejected_samples),
             },
             "training": self.scheduler.status(),
+            "live": self.live.status() if self.live is not None else None,
         }
