@@ -5,7 +5,7 @@ samples of that regime, half-life ``half_life`` samples), so each regime's figur
 recent traffic however rarely it occurs. ``DriftDetector`` keeps a short horizon (the live
 figures) and a ten times longer one per model and regime. A *drift event* is a sustained
 coverage drop (short-horizon coverage below ``quantile - coverage_drop``) or loss rise (short
-pinball above ``loss_rise`` x the long one), over at least ``min_samples`` samples of that regime
+pinball above ``loss_rise`` x the long one, once the long one has seen three short horizons), over at least ``min_samples`` samples of that regime
 since its last event, at most once per ``cooldown_s`` per model and regime.
 
 Not thread-safe: owned by the live-scoring thread (readers copy the arrays).
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 LONG_HORIZON = 10  # the long-run horizon, in short horizons
+LONG_RUN_SAMPLES = 3  # short horizons of samples before the long run is a reference for loss rise
 
 
 class RegimeStats:
@@ -98,9 +99,10 @@ class DriftDetector:
         counts = np.bincount(regimes, minlength=size).astype(np.float64)
         cov = np.bincount(regimes, weights=covered, minlength=size)
         pin = np.bincount(regimes, weights=loss, minlength=size)
-        long = self.long[model]
+        long, live = self.long[model], self.live[model]
         long_pinball = long.pinball()  # before this batch: the reference the batch is compared with
-        live = self.live[model]
+        # Pinball loss is heavy-tailed: compare with the long run only once there is one.
+        established = long.weight >= LONG_RUN_SAMPLES * live.half_life
         live.update(counts, cov, pin)
         long.update(counts, cov, pin)
         since = self._since_event[model]
@@ -108,7 +110,7 @@ class DriftDetector:
         coverage, pinball = live.coverage(), live.pinball()
         low = coverage < self.quantile - self.coverage_drop
         with np.errstate(invalid="ignore"):
-            rising = pinball > self.loss_rise * long_pinball
+            rising = established & (pinball > self.loss_rise * long_pinball)
         due = (since >= self.min_samples) & (now_s - self._last_event_s[model] >= self.cooldown_s)
         events = []
         for r in np.flatnonzero(due & (low | rising)).tolist():
