@@ -5,8 +5,9 @@ samples of that regime, half-life ``half_life`` samples), so each regime's figur
 recent traffic however rarely it occurs. ``DriftDetector`` keeps a short horizon (the live
 figures) and a ten times longer one per model and regime. A *drift event* is a sustained
 coverage drop (short-horizon coverage below ``quantile - coverage_drop``) or loss rise (short
-pinball above ``loss_rise`` x the long one, once the long one has seen three short horizons), over at least ``min_samples`` samples of that regime
-since its last event, at most once per ``cooldown_s`` per model and regime.
+pinball above ``loss_rise`` x the long one, once the long one has seen three short horizons),
+over at least ``min_samples`` samples of that regime since its last event, at most once per
+``cooldown_s`` per model and regime.
 
 Not thread-safe: owned by the live-scoring thread (readers copy the arrays).
 """
@@ -86,6 +87,14 @@ class DriftDetector:
         self.events = 0
         self.last_event: DriftEvent | None = None
 
+    def reset(self, model: str) -> None:
+        """New trees for ``model``: its live figures start afresh (they describe one model)."""
+        size = len(self._since_event[model])
+        half_life = self.live[model].half_life
+        self.live[model] = RegimeStats(size, half_life)
+        self.long[model] = RegimeStats(size, half_life * LONG_HORIZON)
+        self._since_event[model][:] = 0
+
     def observe(
         self,
         model: str,
@@ -93,8 +102,10 @@ class DriftDetector:
         covered: np.ndarray,
         loss: np.ndarray,
         now_s: float,
+        detect: bool = True,
     ) -> list[DriftEvent]:
-        """Score one batch (per-sample regime, covered 0/1, pinball ms); returns new drift events."""
+        """Score one batch (per-sample regime, covered 0/1, pinball ms); returns new drift events
+        (none without ``detect``: a prior is not a regime to drift from)."""
         size = len(self._since_event[model])
         counts = np.bincount(regimes, minlength=size).astype(np.float64)
         cov = np.bincount(regimes, weights=covered, minlength=size)
@@ -111,7 +122,7 @@ class DriftDetector:
         low = coverage < self.quantile - self.coverage_drop
         with np.errstate(invalid="ignore"):
             rising = established & (pinball > self.loss_rise * long_pinball)
-        due = (since >= self.min_samples) & (now_s - self._last_event_s[model] >= self.cooldown_s)
+        due = detect & (since >= self.min_samples) & (now_s - self._last_event_s[model] >= self.cooldown_s)
         events = []
         for r in np.flatnonzero(due & (low | rising)).tolist():
             event = DriftEvent(

@@ -9,7 +9,9 @@ like the trainer, then per batch:
    request was routed (its timestamp minus its TTFT), computed with XGBoost ``inplace_predict``
    on one thread and ``shared.artifacts.served_latency_ms``;
 3. updates live coverage and pinball per model and regime and looks for drift
-   (``training_server.drift``); a drift event is logged, counted and asks for a retrain now;
+   (``training_server.drift``); a drift event is logged, counted and asks for a retrain now.
+   Live figures describe the current trees: they restart when a retrain publishes new ones, and
+   no drift is looked for while the prior serves;
 4. feeds the residuals against the current trees to the per-regime calibrator
    (``training_server.online_calibration``) and, at most once per
    ``calibration_publish_interval_s`` and only when an offset moved by ``calibration_min_shift``,
@@ -98,6 +100,7 @@ class LiveScorer:
         self._history: list[_Served] = []
         self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
         self._calibrated_trees: dict[str, str] = {}  # model -> SHA-256 the calibrator's residuals use
+        self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
         self._last_publish_mono = -float("inf")
         self.scored = 0
         self.skipped = 0
@@ -188,9 +191,13 @@ class LiveScorer:
             known = np.isfinite(served)
             covered = (act <= served).astype(np.float64)
             keep = np.flatnonzero(known)
+            if self._scored_trees.get(name) != current.models[name].sha256:
+                self._scored_trees[name] = current.models[name].sha256
+                self.drift.reset(name)
             loss = np.zeros(len(act))
             loss[keep] = pinball_loss(act[keep], served[keep], self.settings.quantile)
-            events = self.drift.observe(name, regimes[rows][keep], covered[keep], loss[keep], now_s)
+            detect = current.kind != "prior"
+            events = self.drift.observe(name, regimes[rows][keep], covered[keep], loss[keep], now_s, detect)
             self.scored += len(keep)
             self.metrics.live_scored.labels(name).inc(len(keep))
             for event in events:
