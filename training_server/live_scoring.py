@@ -28,13 +28,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import xgboost as xgb
 
-from shared.artifacts import MODEL_NAMES, Manifest, ModelStore, served_latency_ms, to_margin_target
+from shared.artifacts import (
+    MODEL_NAMES,
+    Manifest,
+    ModelSpec,
+    ModelStore,
+    served_latency_ms,
+    to_margin_target,
+)
 from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.logging import log_event
@@ -269,11 +276,12 @@ class LiveScorer:
         margin = self._margin(current, name, feats, margins)
         if booster is None or margin is None:
             return
+        base = replace(spec, regime_offsets=None)
         if self._calibrated_trees.get(name) != spec.sha256:
-            self.calibrator.rebase(name, lambda f: _predict_margin(booster, f) + spec.calibration_offset)
+            self.calibrator.rebase(name, lambda f: _base_margin(_predict_margin(booster, f), f, base))
             self._calibrated_trees[name] = spec.sha256
         target = to_margin_target(act, spec.target_transform)
-        self.calibrator.observe(name, feats, target, margin + spec.calibration_offset)
+        self.calibrator.observe(name, feats, target, _base_margin(margin, feats, base))
 
     def _drifted(self, event: DriftEvent) -> None:
         regime = self.scheme.label(event.regime)
@@ -316,9 +324,12 @@ class LiveScorer:
         if not new or moved < max(s.calibration_min_shift, 1e-9):
             return None
         self._last_publish_mono = time.monotonic()
+        base_info = current.metrics.get("online_calibration", {})
         info = {
             "online_calibration": {
                 "based_on": current.version,
+                # When the trees were trained (model age), not when their offsets last moved.
+                "trained_created_at": base_info.get("trained_created_at", current.created_at),
                 "max_shift": round(moved, 6),
                 "samples": {name: self.calibrator.samples(name).tolist() for name in new},
             }
@@ -391,6 +402,12 @@ class LiveScorer:
     def seconds_since_drift(self) -> float | None:
         last = self.drift.last_event
         return None if last is None else time.time() - last.at_s
+
+
+def _base_margin(tree_margin: np.ndarray, feats: np.ndarray, base: ModelSpec) -> np.ndarray:
+    """The served margin without regime offsets (trees, calibration offset and whatever else
+    ``served_latency_ms`` adds), which the regime offsets correct."""
+    return to_margin_target(served_latency_ms(tree_margin, feats, base), base.target_transform)
 
 
 def _predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:
