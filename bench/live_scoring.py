@@ -4,7 +4,9 @@
    (``taskset``) serving a trained model (default model settings: 150 trees, depth 6), with live
    scoring on (the default) and off (``--no-live-scoring``), as medians over repeated runs, and
    how many of the ingested samples the scoring thread scored or skipped.
-2. The switch time of a prediction-server ``Predictor`` to a new version of that model: a full
+2. The scoring thread's own capacity: ``LiveScorer.process`` + ``maybe_publish`` on batches of
+   1,000 against that model, in process on one thread (samples per second of CPU).
+3. The switch time of a prediction-server ``Predictor`` to a new version of that model: a full
    compile (``Predictor.from_model_set``, a retrained version) against an offsets-only swap
    (``Predictor.recalibrated``, a calibration version with the same files), in process.
 
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from prometheus_client import CollectorRegistry
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -32,6 +35,10 @@ from bench.training_ingest import Server, blast, make_bodies  # noqa: E402
 from prediction_server.predictor import Predictor  # noqa: E402
 from shared.artifacts import ModelStore  # noqa: E402
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets  # noqa: E402
+from training_server import synthetic  # noqa: E402
+from training_server.config import TrainingSettings  # noqa: E402
+from training_server.live_scoring import LiveScorer  # noqa: E402
+from training_server.metrics import TrainingMetrics  # noqa: E402
 
 # No automatic retrain during the measurement: this isolates the cost of scoring.
 QUIET = ["--min-new-samples", "100000000", "--retrain-interval-s", "36000"]
@@ -86,6 +93,28 @@ def switch_times(store_dir: Path, repeats: int) -> dict[str, float]:
     }
 
 
+def scoring_capacity(store_dir: Path, batches: int) -> dict[str, float]:
+    settings = TrainingSettings(data_dir=store_dir.parent)
+    store = ModelStore(store_dir)
+    scorer = LiveScorer(store, settings, TrainingMetrics(CollectorRegistry()), lambda e: None, lambda m: None)
+    scorer.set_current(store.read_manifest(store.current_version() or ""))
+    rng = np.random.default_rng(4)
+    data = []
+    for _ in range(batches):
+        columns = synthetic.samples(1000, rng)
+        columns["predicted_ttft_ms"] = columns["predicted_tpot_ms"] = np.zeros(1000)
+        data.append((columns, np.full(1000, time.time())))
+    cpu0 = time.thread_time()
+    for columns, stamps in data:
+        scorer.process(columns, stamps)
+        scorer.maybe_publish()
+    cpu = time.thread_time() - cpu0
+    return {
+        "samples_per_cpu_s": round(batches * 1000 / cpu),
+        "us_per_sample": round(1e6 * cpu / batches / 1000, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -102,6 +131,7 @@ def main() -> None:
         live = ingest(Path(tmp), bodies, args, live=True)
         store = live.pop("store")
         print(f"ingestion, live scoring on:  {live}", flush=True)
+        print(f"scoring capacity: {scoring_capacity(Path(str(store)), 100)}", flush=True)
         print(f"prediction-server switch: {switch_times(Path(str(store)), 5)}", flush=True)
 
 

@@ -45,7 +45,7 @@ from shared.artifacts import (
 from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.logging import log_event
-from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
+from shared.regimes import DEFAULT_SCHEME
 from shared.schemas import Columns
 from training_server.config import TrainingSettings
 from training_server.drift import DriftDetector, DriftEvent
@@ -107,7 +107,6 @@ class LiveScorer:
         self._thread: threading.Thread | None = None
         self._history: list[_Served] = []
         self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
-        self._calibrated_trees: dict[str, str] = {}  # model -> SHA-256 the calibrator's residuals use
         self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
         self._last_publish_mono = -float("inf")
         self.scored = 0
@@ -277,9 +276,10 @@ class LiveScorer:
         if booster is None or margin is None:
             return
         base = replace(spec, regime_offsets=None)
-        if self._calibrated_trees.get(name) != spec.sha256:
-            self.calibrator.rebase(name, lambda f: _base_margin(_predict_margin(booster, f), f, base))
-            self._calibrated_trees[name] = spec.sha256
+        if self.calibrator.trees.get(name) != spec.sha256:
+            self.calibrator.rebase(
+                name, spec.sha256, lambda f: _base_margin(_predict_margin(booster, f), f, base)
+            )
         target = to_margin_target(act, spec.target_transform)
         self.calibrator.observe(name, feats, target, _base_margin(margin, feats, base))
 
@@ -309,18 +309,7 @@ class LiveScorer:
             return None
         if time.monotonic() - self._last_publish_mono < s.calibration_publish_interval_s:
             return None
-        new: dict[str, RegimeOffsets] = {}
-        moved = 0.0
-        for name in MODEL_NAMES:
-            if self._calibrated_trees.get(name) != current.models[name].sha256:
-                continue  # no residuals against these trees yet
-            offsets = self.calibrator.offsets(name)
-            published = current.models[name].regime_offsets
-            old = np.zeros(self.scheme.size)
-            if published is not None and published.scheme == self.scheme:
-                old = np.asarray(published.offsets)
-            moved = max(moved, float(np.max(np.abs(offsets - old))))
-            new[name] = RegimeOffsets.of(self.scheme, np.round(offsets, 6))
+        new, moved = self.calibrator.proposal(current)
         if not new or moved < max(s.calibration_min_shift, 1e-9):
             return None
         self._last_publish_mono = time.monotonic()

@@ -23,8 +23,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from shared.artifacts import Manifest
 from shared.features import NUM_FEATURES
-from shared.regimes import RegimeScheme
+from shared.regimes import RegimeOffsets, RegimeScheme
 from training_server.evaluation import conformal_offset
 
 MarginFn = Callable[[np.ndarray], np.ndarray]
@@ -64,6 +65,7 @@ class RegimeCalibrator:
         self.quantile = quantile
         self.min_samples = min_samples
         self._rings = {name: _RegimeRings(scheme.size, window) for name in models}
+        self.trees: dict[str, str] = {}  # model -> SHA-256 of the trees the residuals are against
 
     def observe(
         self, model: str, features: np.ndarray, log_target: np.ndarray, base_margin: np.ndarray
@@ -76,8 +78,9 @@ class RegimeCalibrator:
             rows = np.flatnonzero(regimes == regime)
             rings.add(regime, features[rows], log_target[rows], residual[rows])
 
-    def rebase(self, model: str, base_margin: MarginFn) -> None:
+    def rebase(self, model: str, trees_sha256: str, base_margin: MarginFn) -> None:
         """New trees: recompute the kept samples' residuals against ``base_margin(features)``."""
+        self.trees[model] = trees_sha256
         rings = self._rings[model]
         held = np.flatnonzero(rings.count > 0)
         if len(held) == 0:
@@ -97,6 +100,22 @@ class RegimeCalibrator:
         for r in np.flatnonzero(rings.count >= self.min_samples).tolist():
             out[r] = conformal_offset(rings.residual[r, : rings.count[r]], self.quantile)
         return out
+
+    def proposal(self, current: Manifest) -> tuple[dict[str, RegimeOffsets], float]:
+        """New offsets for the models whose trees the residuals are against, and the largest move
+        from ``current``'s published offsets."""
+        new: dict[str, RegimeOffsets] = {}
+        moved = 0.0
+        for name, spec in current.models.items():
+            if name not in self._rings or self.trees.get(name) != spec.sha256:
+                continue  # no residuals against these trees yet
+            offsets = self.offsets(name)
+            old = np.zeros(self.scheme.size)
+            if spec.regime_offsets is not None and spec.regime_offsets.scheme == self.scheme:
+                old = np.asarray(spec.regime_offsets.offsets)
+            moved = max(moved, float(np.max(np.abs(offsets - old))))
+            new[name] = RegimeOffsets.of(self.scheme, np.round(offsets, 6))
+        return new, moved
 
     def samples(self, model: str) -> np.ndarray:
         return self._rings[model].count.copy()
