@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,7 @@ class LiveScorer:
         self._thread: threading.Thread | None = None
         self._history: list[_Served] = []
         self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
+        self._calibrated_models = () if s.calibrate_online == "off" else tuple(s.calibrate_online.split("+"))
         self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
         self._last_publish_mono = -float("inf")
         self.scored = 0
@@ -268,7 +270,7 @@ class LiveScorer:
         act: np.ndarray,
         margins: dict[str, np.ndarray | None],
     ) -> None:
-        if current.kind == "prior":
+        if current.kind == "prior" or name not in self._calibrated_models:
             return  # the prior is replaced by the first retrain, not calibrated
         spec = current.models[name]
         booster = self._booster(current, name)
@@ -278,10 +280,13 @@ class LiveScorer:
         base = replace(spec, regime_offsets=None)
         if self.calibrator.trees.get(name) != spec.sha256:
             self.calibrator.rebase(
-                name, spec.sha256, lambda f: _base_margin(_predict_margin(booster, f), f, base)
+                name,
+                spec.sha256,
+                lambda f: _base_margin(_predict_margin(booster, f), f, base),
+                _trained_at_s(current),
             )
         target = to_margin_target(act, spec.target_transform)
-        self.calibrator.observe(name, feats, target, _base_margin(margin, feats, base))
+        self.calibrator.observe(name, feats, target, _base_margin(margin, feats, base), time.time())
 
     def _drifted(self, event: DriftEvent) -> None:
         regime = self.scheme.label(event.regime)
@@ -397,6 +402,15 @@ def _base_margin(tree_margin: np.ndarray, feats: np.ndarray, base: ModelSpec) ->
     """The served margin without regime offsets (trees, calibration offset and whatever else
     ``served_latency_ms`` adds), which the regime offsets correct."""
     return to_margin_target(served_latency_ms(tree_margin, feats, base), base.target_transform)
+
+
+def _trained_at_s(manifest: Manifest) -> float:
+    """When ``manifest``'s trees were published (a calibration version records its trained base's)."""
+    stamp = manifest.metrics.get("online_calibration", {}).get("trained_created_at", manifest.created_at)
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except (TypeError, ValueError):
+        return time.time()
 
 
 def _predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:
