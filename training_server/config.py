@@ -172,6 +172,11 @@ class TrainingSettings(BaseSettings):
     drift_cooldown_s: float = Field(
         default=30.0, ge=0, description="Least time between two drift events of the same model and regime."
     )
+    seed_bundle: Path | None = Field(
+        default=None,
+        description="Seed bundle (from GET /model/export) a fresh server publishes instead of the prior; "
+        "ignored, with a log line, when the store already has trained versions.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")

@@ -30,6 +30,7 @@ from training_server.intake import Intake
 from training_server.live_scoring import LiveScorer
 from training_server.metrics import TrainingMetrics
 from training_server.scheduler import RetrainScheduler, log_task_failure
+from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
 
@@ -72,6 +73,7 @@ class TrainingService:
         self.rejected_samples: dict[str, int] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
         metrics.bind_drift(lambda: self.live.seconds_since_drift() if self.live else None)
+        metrics.bind_model(lambda: self._manifest, self.store)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,7 +115,11 @@ class TrainingService:
             return 0
 
     def _ensure_model(self) -> Manifest:
-        """Publish the prior when the store has no usable current version (cold start)."""
+        """Publish the prior when the store has no usable current version (cold start), or the
+        ``--seed-bundle`` when the store has no trained version yet."""
+        seeded = seed_at_start(self.store, self.settings)
+        if seeded is not None:
+            return seeded
         try:
             return self.store.load().manifest
         except ArtifactError as exc:
@@ -197,6 +203,10 @@ class TrainingService:
         """Live-scoring thread: a calibration version was published."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._set_current, manifest)
+
+    def adopt(self, manifest: Manifest) -> None:
+        """Serve a version published outside the trainer (``POST /model/import``)."""
+        self._set_current(manifest)
 
     def _pending(self) -> int:
         return self.intake.pending_samples
