@@ -32,8 +32,8 @@ from training_server.window import StratifiedWindow
 log = logging.getLogger(__name__)
 
 
-def _lower_priority(nice: int) -> None:
-    """Trainer-thread initializer: on Linux, niceness is per thread."""
+def lower_priority(nice: int) -> None:
+    """Raise the calling thread's niceness (trainer and live-scoring threads; per thread on Linux)."""
     if nice <= 0:
         return
     try:
@@ -98,7 +98,7 @@ class RetrainScheduler:
         self._loop = asyncio.get_running_loop()
         self._interval_anchor = time.monotonic()
         self._executor = ThreadPoolExecutor(
-            1, "trainer", initializer=_lower_priority, initargs=(self.settings.trainer_nice,)
+            1, "trainer", initializer=lower_priority, initargs=(self.settings.trainer_nice,)
         )
         self._task = asyncio.create_task(self._run_forever(), name="retrain-scheduler")
         self._task.add_done_callback(log_task_failure)
