@@ -21,13 +21,13 @@ import xgboost as xgb
 
 from shared.artifacts import Manifest, ModelStore
 from shared.errors import ArtifactError, IngestSaturated, ServiceError
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 from shared.prior import publish_prior
 from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
 from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
-from training_server.scheduler import RetrainScheduler, log_task_failure
+from training_server.scheduler import RetrainScheduler
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
 
