@@ -23,7 +23,7 @@ def main() -> None:
         access_log=False,
         proxy_headers=False,  # nothing here uses the client address; skip the per-request middleware
         server_header=False,
-        timeout_graceful_shutdown=max(5, round(settings.relay_drain_s) + 2),
+        timeout_graceful_shutdown=max(5, round(settings.relay_wait_budget_s) + 1),
     )
 
 

@@ -13,9 +13,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from shared.config import CommaList, settings_config
-from shared.schemas import MAX_BULK_ROWS
-
-MAX_RELAY_BATCH_SAMPLES = 1000
+from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
 
 
 class CoalescerSettings(BaseSettings):
@@ -87,28 +85,28 @@ class CoalescerSettings(BaseSettings):
     probe_interval_s: float = Field(
         default=0.5, gt=0, description="How often ejected and not-yet-ready replicas are probed on /readyz"
     )
-    relay_buffer_samples: int = Field(
-        default=200_000,
-        ge=1,
-        description="Training samples held for the training server; beyond it senders get 429",
+    relay_max_inflight_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=MAX_TRAINING_BODY_BYTES,
+        description="Bytes of sample bodies being read or forwarded at once (the relay's whole memory "
+        "bound; at least one 8 MiB body); beyond it senders get 429 before their body is read",
     )
-    relay_batch_samples: int = Field(
-        default=MAX_RELAY_BATCH_SAMPLES,
-        ge=1,
-        le=MAX_RELAY_BATCH_SAMPLES,
-        description="Samples per relayed bulk call (at most 1000)",
+    relay_min_rate: float = Field(
+        default=1.0, gt=0, description="Lowest relay admission rate, sample requests per second"
     )
-    relay_min_rate: float = Field(default=1.0, gt=0, description="Lowest relay send rate, batches per second")
     relay_max_rate: float = Field(
-        default=100.0, gt=0, description="Highest relay send rate, batches per second"
+        default=100.0, gt=0, description="Highest relay admission rate, sample requests per second"
     )
     relay_initial_rate: float | None = Field(
-        default=None, gt=0, description="Relay send rate at start, batches per second (default: the maximum)"
+        default=None,
+        gt=0,
+        description="Relay admission rate at start, requests per second (default: the maximum); beyond "
+        "the current rate senders get 429 with Retry-After",
     )
     relay_aimd_step: float = Field(
         default=1.0,
         gt=0,
-        description="Additive increase of the relay rate per accepted batch, batches per second",
+        description="Additive increase of the relay rate per request the training server accepted",
     )
     relay_aimd_factor: float = Field(
         default=0.8,
@@ -116,9 +114,14 @@ class CoalescerSettings(BaseSettings):
         lt=1,
         description="Multiplicative decrease of the relay rate after a 429, 5xx or timeout",
     )
-    relay_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one relayed bulk call, seconds")
-    relay_drain_s: float = Field(
-        default=5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
+    relay_timeout_s: float = Field(
+        default=2.0, gt=0, description="Timeout of one relayed bulk call, seconds (then resent, same key)"
+    )
+    relay_wait_budget_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a sender's request may wait for the training server, resends included, "
+        "seconds; then 504 (timed out) or 503 (unreachable). Also the shutdown grace for requests in flight",
     )
     auth_token: SecretStr | None = Field(
         default=None,

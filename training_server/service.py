@@ -23,7 +23,7 @@ from shared.artifacts import Manifest, ModelStore
 from shared.errors import ArtifactError, IngestSaturated, ServiceError
 from shared.logging import log_event, log_task_failure
 from shared.prior import publish_prior
-from shared.schemas import Columns, loads, parse_training_entries, require_list
+from shared.schemas import Columns, parse_training_entries, require_entries
 from training_server.config import TrainingSettings
 from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
@@ -129,7 +129,7 @@ class TrainingService:
                 body = await read_body()
             finally:
                 self._ingesting -= 1
-            entries = require_list(loads(body), "entries", max_items=self.settings.max_entries_per_request)
+            entries = require_entries(body, max_items=self.settings.max_entries_per_request)
             now_s = time.time()
             columns, timestamps = parse_training_entries(entries, now_s=now_s)
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
