@@ -38,7 +38,11 @@ async def add_training_data_bulk(request: Request, service: ServiceDep) -> Respo
         if settings.token_protects_ingest:
             check_token(request, settings.token())
 
-    accepted = await service.ingest(lambda: read_body(request, settings.max_body_bytes), authorize)
+    accepted = await service.ingest(
+        lambda: read_body(request, settings.max_body_bytes),
+        authorize,
+        request.headers.get("idempotency-key"),
+    )
     return json_response({"message": f"Accepted {accepted} training samples."}, 202)
 
 
