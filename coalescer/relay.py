@@ -241,7 +241,7 @@ class SampleRelay:
                 f"the training server did not answer within {self.wait_budget_s:g} s; the samples may "
                 f"have arrived: resend with the same Idempotency-Key ({key}) to be sure they arrive once"
             )
-        raise UpstreamUnavailable(
+        raise TrainingUnreachable(
             f"the training server is unreachable (tried for {self.wait_budget_s:g} s); nothing was taken",
             headers={"Retry-After": "1"},
         )
@@ -280,6 +280,13 @@ class SampleRelay:
 
 class _RateLimited(IngestSaturated):
     reason = "rate_limited"
+
+
+class TrainingUnreachable(UpstreamUnavailable):
+    """503: the training server could not be reached within the budget; nothing was taken."""
+
+    status_code = 503
+    reason = "training_unreachable"
 
 
 def _validate(body: bytes) -> int:
