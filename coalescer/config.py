@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings
 
 from shared.config import CommaList, settings_config
 from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
+from shared.slow_clients import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 
 class CoalescerSettings(BaseSettings):
@@ -79,6 +80,13 @@ class CoalescerSettings(BaseSettings):
         description="Default total deadline of a prediction call (queue wait, upstream call and one "
         "retry); a caller may ask for a shorter one with the X-Deadline-Ms header",
     )
+    max_loop_lag_share: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="Shed prediction calls at once (503) while the event loop runs later than this share "
+        "of their deadline (time queued before the handler); the lag also counts against each deadline",
+    )
     eject_cooldown_s: float = Field(
         default=5.0, gt=0, description="How long a failed replica gets no traffic before it is probed back"
     )
@@ -132,6 +140,18 @@ class CoalescerSettings(BaseSettings):
         default=False,
         description="Also require the token on /add_training_data_bulk (needs a token-aware sender; the "
         "llm-d Go client sends none)",
+    )
+    header_timeout_s: float = Field(
+        default=HEADER_TIMEOUT_S,
+        gt=0,
+        description="A request's line and headers must arrive within this many seconds, else the "
+        "connection is closed (slow clients)",
+    )
+    body_timeout_s: float = Field(
+        default=BODY_TIMEOUT_S,
+        gt=0,
+        description="A request's body must arrive within this many seconds of its headers, else the "
+        "connection is closed (slow clients)",
     )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes"
