@@ -79,6 +79,8 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
         count_call=lambda name: metrics.callers.labels(name).inc,
         time_call=lambda name, code: metrics.call_seconds.labels(name, str(code)).observe,
         on_error=count_rejection,
+        loop_lag=rt.lag.lag_s,
+        max_lag_share=settings.max_loop_lag_share,
     ).handlers()
     app.router.routes.extend(build_routes(rt, app.fast_paths))
     install_error_handlers(app, on_error=count_rejection)

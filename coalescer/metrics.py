@@ -160,7 +160,8 @@ def create_metrics() -> CoalescerMetrics:
         ),
         call_seconds=m.histogram(
             "coalescer_call_duration_seconds",
-            "Prediction calls from the first byte read to the answer, by endpoint and status code",
+            "Prediction calls from their estimated arrival (the handler's start plus the event loop's lag) "
+            "to the answer, by endpoint and status code",
             LATENCY_BUCKETS_S,
             ["endpoint", "code"],
         ),
