@@ -152,7 +152,7 @@ async def test_when_the_budget_runs_out_the_sender_gets_an_error_never_a_202() -
 
 
 async def test_bytes_in_flight_are_bounded_before_the_body_is_read() -> None:
-    relay, trainer, _ = make_relay([], max_inflight_bytes=1000)
+    relay, _, _ = make_relay([], max_inflight_bytes=1000)
     gate = asyncio.Event()
 
     async def slow_read(limit: int) -> bytes:
