@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from coalescer.batcher import Batcher, ClientDisconnected, Ticket
-from shared.errors import InvalidInput, Overloaded, PayloadTooLarge, ServiceError
+from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, PayloadTooLarge, ServiceError
 from shared.http import error_body
 from shared.logging import log_event
 from shared.schemas import loads, parse_row, parse_rows, require_list, rows_valid
@@ -207,10 +207,15 @@ class PredictionEndpoints:
             )
         try:
             if len(tickets) == 1:
-                return await tickets[0].future
-            predictions: list[Any] = []
-            for ticket in tickets:
-                predictions.extend(await ticket.future)
+                predictions: list[Any] = await tickets[0].future
+            else:
+                predictions = []
+                for ticket in tickets:
+                    predictions.extend(await ticket.future)
+            # Predictions that came back after the caller's deadline (counted from its estimated
+            # arrival, see coalescer.loop_lag) are an answer nobody waits for any more.
+            if time.monotonic() > call.deadline:
+                raise DeadlineExceeded("deadline exceeded before the prediction arrived")
             return predictions
         finally:
             if watcher is not None:

@@ -257,7 +257,7 @@ async def test_overload_is_shed_fast_with_bounded_memory(fleet: Fleet) -> None:
 async def test_samples_wait_out_a_training_server_restart_and_are_never_acknowledged_before(
     fleet: Fleet,
 ) -> None:
-    coalescer = fleet.coalescer("--relay-wait-budget-s", "20", "--relay-timeout-s", "1")
+    coalescer = fleet.coalescer("--relay-wait-budget-s", "60", "--relay-timeout-s", "1")
     rng = random.Random(5)
 
     def entries(n: int) -> list[dict[str, Any]]:
@@ -270,7 +270,7 @@ async def test_samples_wait_out_a_training_server_restart_and_are_never_acknowle
         return int(httpx.get(fleet.training.url + "/status").json()["intake"]["accepted_samples"])
 
     try:
-        async with httpx.AsyncClient(base_url=coalescer.url, timeout=30.0) as client:
+        async with httpx.AsyncClient(base_url=coalescer.url, timeout=90.0) as client:
             for _ in range(3):
                 response = await client.post("/add_training_data_bulk", json={"entries": entries(200)})
                 assert (response.status_code, response.json()) == (
