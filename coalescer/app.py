@@ -27,6 +27,7 @@ from coalescer.predict import ASGIApp, PredictionEndpoints
 from coalescer.relay import AimdRate, SampleRelay
 from coalescer.routes import build_routes
 from coalescer.runtime import Runtime
+from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.client import bearer_header_lines, bearer_headers
 from shared.errors import ServiceError
@@ -130,6 +131,14 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
             timeout_s=s.relay_timeout_s,
             wait_budget_s=s.relay_wait_budget_s,
         )
+    if s.training_url:
+        rt.training = TrainingProxy(
+            s.training_url,
+            ttl_s=s.training_cache_s,
+            max_bytes=s.training_cache_max_bytes,
+            timeout_s=s.training_timeout_s,
+            token=token,
+        )
     _register_gauges(rt)
     rt.spawn(pool.run_prober(s.probe_interval_s), "prober")
     if s.prediction_dns:
@@ -157,6 +166,8 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
         rt.tasks.clear()
         await batcher.close()
         await pool.close()
+        if rt.training is not None:
+            await rt.training.close()
         await rt.http.aclose()
         log_event(log, "coalescer_stopped")
 

@@ -14,6 +14,7 @@ from coalescer.config import CoalescerSettings
 from coalescer.loop_lag import LoopLagMonitor
 from coalescer.metrics import CoalescerMetrics
 from coalescer.relay import SampleRelay
+from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver
 from shared.logging import log_task_failure
 
@@ -30,6 +31,7 @@ class Runtime:
     pool: ReplicaPool | None = None
     batcher: Batcher | None = None
     relay: SampleRelay | None = None
+    training: TrainingProxy | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:

@@ -139,6 +139,11 @@ class TrainingSettings(BaseSettings):
     idempotency_max_keys: int = Field(
         default=100_000, ge=1, description="Most Idempotency-Keys remembered (the oldest are forgotten)."
     )
+    seed_bundle: Path | None = Field(
+        default=None,
+        description="Seed bundle (from GET /model/export) a fresh server publishes instead of the prior; "
+        "ignored, with a log line, when the store already has trained versions.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")

@@ -26,11 +26,12 @@ from shared.logging import log_event, log_task_failure
 from shared.prior import publish_prior
 from shared.schemas import Columns, parse_training_entries, require_entries
 from training_server.config import TrainingSettings
-from training_server.intake import Intake
 from training_server.idempotency import MAX_KEY_LENGTH
+from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
 from training_server.persistence import Persistence
 from training_server.scheduler import RetrainScheduler
+from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
 
@@ -66,6 +67,7 @@ class TrainingService:
         self.rejected_requests: dict[str, int] = {}
         self.rejected_samples: dict[str, int] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
+        metrics.bind_model(lambda: self._manifest, self.store)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -95,7 +97,11 @@ class TrainingService:
         return self.persistence.restore(time.time())
 
     def _ensure_model(self) -> Manifest:
-        """Publish the prior when the store has no usable current version (cold start)."""
+        """Publish the prior when the store has no usable current version (cold start), or the
+        ``--seed-bundle`` when the store has no trained version yet."""
+        seeded = seed_at_start(self.store, self.settings)
+        if seeded is not None:
+            return seeded
         try:
             return self.store.load().manifest
         except ArtifactError as exc:
@@ -183,6 +189,10 @@ class TrainingService:
 
     def _on_published(self, version: str) -> None:
         self._set_current(self.store.read_manifest(version))
+
+    def adopt(self, manifest: Manifest) -> None:
+        """Serve a version published outside the trainer (``POST /model/import``)."""
+        self._set_current(manifest)
 
     def _pending(self) -> int:
         return self.intake.pending_samples
