@@ -249,5 +249,6 @@ async def test_the_relays_memory_stays_under_its_byte_bound_with_the_training_se
     assert statuses.count(429) >= 8, statuses  # refused before their bodies were read
     assert set(statuses) <= {429, 503}  # never a 202: nobody has these samples
     growth_mib = (peak_kib - baseline_kib) / 1024
+    print(f"relay memory: statuses {statuses}, peak RSS growth {growth_mib:.1f} MiB (bound {BOUND_MIB} MiB)")
     # The bound plus a fixed allowance for parsing one body at a time; 12 bodies would be 72 MB.
     assert growth_mib < BOUND_MIB + 24, f"RSS grew {growth_mib:.0f} MiB"
