@@ -13,9 +13,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from shared.config import CommaList, settings_config
-from shared.schemas import MAX_BULK_ROWS
-
-MAX_RELAY_BATCH_SAMPLES = 1000
+from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
+from shared.slow_clients import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 
 class CoalescerSettings(BaseSettings):
@@ -81,34 +80,41 @@ class CoalescerSettings(BaseSettings):
         description="Default total deadline of a prediction call (queue wait, upstream call and one "
         "retry); a caller may ask for a shorter one with the X-Deadline-Ms header",
     )
+    max_loop_lag_share: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="Shed prediction calls at once (503) while the event loop runs later than this share "
+        "of their deadline (time queued before the handler); the lag also counts against each deadline",
+    )
     eject_cooldown_s: float = Field(
         default=5.0, gt=0, description="How long a failed replica gets no traffic before it is probed back"
     )
     probe_interval_s: float = Field(
         default=0.5, gt=0, description="How often ejected and not-yet-ready replicas are probed on /readyz"
     )
-    relay_buffer_samples: int = Field(
-        default=200_000,
-        ge=1,
-        description="Training samples held for the training server; beyond it senders get 429",
+    relay_max_inflight_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=MAX_TRAINING_BODY_BYTES,
+        description="Bytes of sample bodies being read or forwarded at once (the relay's whole memory "
+        "bound; at least one 8 MiB body); beyond it senders get 429 before their body is read",
     )
-    relay_batch_samples: int = Field(
-        default=MAX_RELAY_BATCH_SAMPLES,
-        ge=1,
-        le=MAX_RELAY_BATCH_SAMPLES,
-        description="Samples per relayed bulk call (at most 1000)",
+    relay_min_rate: float = Field(
+        default=1.0, gt=0, description="Lowest relay admission rate, sample requests per second"
     )
-    relay_min_rate: float = Field(default=1.0, gt=0, description="Lowest relay send rate, batches per second")
     relay_max_rate: float = Field(
-        default=100.0, gt=0, description="Highest relay send rate, batches per second"
+        default=100.0, gt=0, description="Highest relay admission rate, sample requests per second"
     )
     relay_initial_rate: float | None = Field(
-        default=None, gt=0, description="Relay send rate at start, batches per second (default: the maximum)"
+        default=None,
+        gt=0,
+        description="Relay admission rate at start, requests per second (default: the maximum); beyond "
+        "the current rate senders get 429 with Retry-After",
     )
     relay_aimd_step: float = Field(
         default=1.0,
         gt=0,
-        description="Additive increase of the relay rate per accepted batch, batches per second",
+        description="Additive increase of the relay rate per request the training server accepted",
     )
     relay_aimd_factor: float = Field(
         default=0.8,
@@ -116,9 +122,14 @@ class CoalescerSettings(BaseSettings):
         lt=1,
         description="Multiplicative decrease of the relay rate after a 429, 5xx or timeout",
     )
-    relay_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one relayed bulk call, seconds")
-    relay_drain_s: float = Field(
-        default=5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
+    relay_timeout_s: float = Field(
+        default=2.0, gt=0, description="Timeout of one relayed bulk call, seconds (then resent, same key)"
+    )
+    relay_wait_budget_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a sender's request may wait for the training server, resends included, "
+        "seconds; then 504 (timed out) or 503 (unreachable). Also the shutdown grace for requests in flight",
     )
     training_cache_s: float = Field(
         default=2.0,
@@ -144,6 +155,18 @@ class CoalescerSettings(BaseSettings):
         default=False,
         description="Also require the token on /add_training_data_bulk (needs a token-aware sender; the "
         "llm-d Go client sends none)",
+    )
+    header_timeout_s: float = Field(
+        default=HEADER_TIMEOUT_S,
+        gt=0,
+        description="A request's line and headers must arrive within this many seconds, else the "
+        "connection is closed (slow clients)",
+    )
+    body_timeout_s: float = Field(
+        default=BODY_TIMEOUT_S,
+        gt=0,
+        description="A request's body must arrive within this many seconds of its headers, else the "
+        "connection is closed (slow clients)",
     )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes"

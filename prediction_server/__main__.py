@@ -20,6 +20,7 @@ import uvicorn  # noqa: E402
 from prediction_server.config import PredictionSettings  # noqa: E402
 from shared.config import settings_from_cli, settings_to_env  # noqa: E402
 from shared.logging import configure_logging, log_event  # noqa: E402
+from shared.slow_clients import uvicorn_http_options  # noqa: E402
 
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
-        "http": "httptools",
+        **uvicorn_http_options(),
         "log_config": None,
         "access_log": False,
         "timeout_graceful_shutdown": 5,
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     if settings.workers == 1:
         from prediction_server.app import create_app
 
-        uvicorn.run(create_app(settings), **common)  # type: ignore[arg-type]
+        uvicorn.run(create_app(settings), **common)
         return
     # Workers are fresh interpreters: hand them the settings (and a metrics directory shared by
     # all of them) through the environment, which they read in create_app_from_env.
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             "prediction_server.app:create_app_from_env",
             factory=True,
             workers=settings.workers,
-            **common,  # type: ignore[arg-type]
+            **common,
         )
     finally:
         if metrics_dir is not None:

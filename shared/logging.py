@@ -5,6 +5,7 @@ No per-request logging on hot paths: counters and histograms in ``/metrics`` do 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -49,3 +50,15 @@ def configure_logging(service: str, level: str = "info") -> None:
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     """Log one structured event: ``log_event(log, "model_published", version=v, duration_s=1.2)``."""
     logger.log(level, event, extra={"fields": fields})
+
+
+def log_task_failure(task: asyncio.Task[Any]) -> None:
+    """Done-callback for background tasks: a crash must be visible, not silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log_event(
+            logging.getLogger(__name__),
+            "background_task_failed",
+            logging.ERROR,
+            task=task.get_name(),
+            error=repr(task.exception()),
+        )

@@ -8,6 +8,7 @@ import uvicorn
 
 from shared.config import settings_from_cli
 from shared.logging import configure_logging
+from shared.slow_clients import uvicorn_http_options
 from training_server.app import create_app
 from training_server.config import TrainingSettings
 
@@ -20,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        **uvicorn_http_options(),
         log_config=None,
         log_level=settings.log_level,
         access_log=False,

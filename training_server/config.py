@@ -12,7 +12,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings
 
 from shared.config import settings_config
-from shared.schemas import MAX_BULK_ROWS
+from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
 
 
 class TrainingSettings(BaseSettings):
@@ -41,7 +41,11 @@ class TrainingSettings(BaseSettings):
         description="Also require the token on /add_training_data_bulk (needs a token-aware sender).",
     )
     max_body_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body in bytes (larger: 413)."
+        default=MAX_TRAINING_BODY_BYTES,
+        ge=1024,
+        le=MAX_TRAINING_BODY_BYTES,
+        description="Largest accepted request body in bytes (larger: 413); at most the coalescer's cap "
+        "(8 MiB), so the coalescer never acknowledges a body this server would refuse",
     )
     max_entries_per_request: int = Field(
         default=MAX_BULK_ROWS,

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 from training_server.config import TrainingSettings
 from training_server.metrics import TrainingMetrics
 from training_server.trainer import Trainer, TrainingCancelled, TrainingOutcome
@@ -41,14 +41,6 @@ def lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
     except (OSError, AttributeError) as exc:
         log_event(log, "trainer_nice_failed", logging.WARNING, error=repr(exc))
-
-
-def log_task_failure(task: asyncio.Task[None]) -> None:
-    """Done-callback for background tasks: a crash must be visible, not silent."""
-    if not task.cancelled() and task.exception() is not None:
-        log_event(
-            log, "background_task_failed", logging.ERROR, task=task.get_name(), error=repr(task.exception())
-        )
 
 
 class RetrainScheduler:

@@ -24,10 +24,10 @@ import xgboost as xgb
 
 from shared.artifacts import CURRENT_FILE, Manifest, ModelStore
 from shared.errors import ArtifactError, CorruptArtifact, IngestSaturated, InvalidInput, ServiceError
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 from shared.metrics import counter_totals
 from shared.prior import publish_prior
-from shared.schemas import Columns, loads, parse_training_entries, require_list
+from shared.schemas import Columns, parse_training_entries, require_entries
 from training_server.config import TrainingSettings
 from training_server.drift import DriftEvent
 from training_server.idempotency import MAX_KEY_LENGTH
@@ -35,7 +35,7 @@ from training_server.intake import Intake
 from training_server.live_scoring import LiveScorer
 from training_server.metrics import TrainingMetrics
 from training_server.persistence import Persistence
-from training_server.scheduler import RetrainScheduler, log_task_failure
+from training_server.scheduler import RetrainScheduler
 from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
@@ -191,7 +191,7 @@ class TrainingService:
                 body = await read_body()
             finally:
                 self._ingesting -= 1
-            entries = require_list(loads(body), "entries", max_items=self.settings.max_entries_per_request)
+            entries = require_entries(body, max_items=self.settings.max_entries_per_request)
             now_s = time.time()
             columns, timestamps = parse_training_entries(entries, now_s=now_s)
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
