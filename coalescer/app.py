@@ -27,7 +27,7 @@ from coalescer.predict import ASGIApp, PredictionEndpoints
 from coalescer.relay import AimdRate, SampleRelay
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.errors import ServiceError
-from shared.http import install_error_handlers
+from shared.http import docs_routes, install_error_handlers
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
         title="coalescer",
         description="Batches scheduler prediction calls to prediction replicas; relays training samples.",
         lifespan=lambda _app: _lifespan(rt),
+        **docs_routes(settings.expose_internals),
     )
     app.state.runtime = rt
 

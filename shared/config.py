@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Annotated, Any, TypeVar
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 S = TypeVar("S", bound=BaseSettings)
@@ -34,7 +43,11 @@ def flag(field_name: str) -> str:
 
 
 def settings_from_cli(
-    cls: type[S], argv: Sequence[str] | None = None, prog: str | None = None, description: str | None = None
+    cls: type[S],
+    argv: Sequence[str] | None = None,
+    prog: str | None = None,
+    description: str | None = None,
+    epilog: str | None = None,
 ) -> S:
     """Parse flags named after ``cls``'s fields on top of its environment variables and defaults.
 
@@ -42,11 +55,15 @@ def settings_from_cli(
     """
     parser = argparse.ArgumentParser(
         prog=prog,
+        usage="%(prog)s [options]",
         description=description or cls.__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     for name, info in cls.model_fields.items():
-        help_text = f"{info.description or ''} [env {env_var(cls, name)}]".strip()
+        default = _shown_default(info.get_default(call_default_factory=True))
+        help_text = f"{info.description or ''} (default: {default}; env {env_var(cls, name)})".strip()
+        choices = _literal_choices(info.annotation)
         if info.annotation is bool:
             parser.add_argument(
                 flag(name),
@@ -54,6 +71,10 @@ def settings_from_cli(
                 action=argparse.BooleanOptionalAction,
                 default=argparse.SUPPRESS,
                 help=help_text,
+            )
+        elif choices:
+            parser.add_argument(
+                flag(name), dest=name, default=argparse.SUPPRESS, help=help_text, choices=choices
             )
         else:
             parser.add_argument(
@@ -105,6 +126,22 @@ def settings_reference(cls: type[BaseSettings]) -> str:
     return "\n".join(lines)
 
 
+def _shown_default(default: Any) -> str:
+    if default is None:
+        return "unset"
+    if isinstance(default, list | tuple):
+        return ",".join(str(v) for v in default) or "empty"
+    if isinstance(default, str) and not default:
+        return "empty"
+    return str(default)
+
+
+def _literal_choices(annotation: Any) -> list[str] | None:
+    if get_origin(annotation) is Literal:
+        return [str(v) for v in get_args(annotation)]
+    return None
+
+
 def split_comma_list(value: Any) -> Any:
     """Validator helper: accept ``"a,b"`` as well as a list for list-typed settings."""
     if isinstance(value, str):
@@ -114,3 +151,58 @@ def split_comma_list(value: Any) -> Any:
 
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(split_comma_list)]
 """A list setting written ``a,b,c`` in flags and environment variables (not JSON)."""
+
+
+class ServiceSettings(BaseSettings):
+    """What every service's settings share: where it listens, its log level, its admin token, its
+    body limit and whether it shows internals. Each service subclasses it (and may override a
+    field's default, e.g. ``port``) with ``model_config = settings_config("<SERVICE>_")``.
+
+    The admin token comes from ``--auth-token`` / ``<SERVICE>_AUTH_TOKEN`` or, better (a flag is
+    visible in ``ps``), from a file: ``--auth-token-file`` / ``<SERVICE>_AUTH_TOKEN_FILE`` (a
+    Kubernetes Secret or compose secret mounted as a file). Read it as ``settings.token``.
+    """
+
+    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default).")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+    auth_token: SecretStr | None = Field(
+        default=None,
+        description="Token the admin endpoints require as 'Authorization: Bearer <token>' (prefer "
+        "--auth-token-file: a flag is visible in ps).",
+    )
+    auth_token_file: Path | None = Field(
+        default=None,
+        description="File holding the admin token (surrounding whitespace ignored); exclusive with "
+        "--auth-token.",
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body in bytes (larger: 413)."
+    )
+    expose_internals: bool = Field(
+        default=False,
+        description="Serve /docs and /redoc and show process ids and file paths in /status (debugging).",
+    )
+
+    _token: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_token(self) -> ServiceSettings:
+        if self.auth_token is not None and self.auth_token_file is not None:
+            raise ValueError("set only one of --auth-token and --auth-token-file")
+        if self.auth_token_file is not None:
+            try:
+                text = self.auth_token_file.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read the token file {self.auth_token_file}: {exc}") from exc
+            if not text:
+                raise ValueError(f"the token file {self.auth_token_file} is empty")
+            self._token = text
+        elif self.auth_token is not None:
+            self._token = self.auth_token.get_secret_value() or None
+        return self
+
+    @property
+    def token(self) -> str | None:
+        """The admin token (from the flag, the variable or the file), or None when none is set."""
+        return self._token

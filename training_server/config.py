@@ -8,20 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, model_validator
 
-from shared.config import settings_config
+from shared.config import ServiceSettings, settings_config
 from shared.schemas import MAX_BULK_ROWS
 
 
-class TrainingSettings(BaseSettings):
+class TrainingSettings(ServiceSettings):
     """Training server: ingests samples, keeps a stratified window, retrains and publishes models."""
 
     model_config = settings_config("TRAINING_SERVER_")
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default).")
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     data_dir: Path = Field(
         default=Path("./var/training"),
         description="Directory for the persisted window (and the store by default).",
@@ -33,15 +30,9 @@ class TrainingSettings(BaseSettings):
     objective: Literal["quantile", "mean"] = Field(
         default="quantile", description="'quantile' (pinball loss at --quantile) or 'mean' (squared error)."
     )
-    auth_token: SecretStr | None = Field(
-        default=None, description="If set, /flush and /retrain require 'Authorization: Bearer <token>'."
-    )
     token_protects_ingest: bool = Field(
         default=False,
         description="Also require the token on /add_training_data_bulk (needs a token-aware sender).",
-    )
-    max_body_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body in bytes (larger: 413)."
     )
     max_entries_per_request: int = Field(
         default=MAX_BULK_ROWS,
@@ -117,7 +108,6 @@ class TrainingSettings(BaseSettings):
     persist_interval_s: float = Field(
         default=30.0, gt=0, description="How often the window is saved to disk."
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingSettings:
@@ -134,6 +124,3 @@ class TrainingSettings(BaseSettings):
     @property
     def window_path(self) -> Path:
         return self.data_dir / "window.npz"
-
-    def token(self) -> str | None:
-        return self.auth_token.get_secret_value() if self.auth_token is not None else None

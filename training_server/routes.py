@@ -36,7 +36,7 @@ async def add_training_data_bulk(request: Request, service: ServiceDep) -> Respo
 
     def authorize() -> None:
         if settings.token_protects_ingest:
-            check_token(request, settings.token())
+            check_token(request, settings.token)
 
     accepted = await service.ingest(lambda: read_body(request, settings.max_body_bytes), authorize)
     return json_response({"message": f"Accepted {accepted} training samples."}, 202)
@@ -100,7 +100,7 @@ async def metrics(request: Request) -> Response:
 
 @router.post("/flush")
 async def flush(request: Request, service: ServiceDep) -> Response:
-    check_token(request, service.settings.token())
+    check_token(request, service.settings.token)
     dropped = await service.flush()
     return json_response({"message": f"Flushed {dropped} training samples.", "flushed_samples": dropped})
 
@@ -108,7 +108,7 @@ async def flush(request: Request, service: ServiceDep) -> Response:
 @router.post("/retrain")
 async def retrain(request: Request, service: ServiceDep, wait: bool = False) -> Response:
     """Start a retrain now. ``?wait=true`` answers 200 with its outcome; otherwise 202 at once."""
-    check_token(request, service.settings.token())
+    check_token(request, service.settings.token)
     outcome = await service.retrain(wait)
     if outcome is None:
         return json_response({"message": "Retrain scheduled."}, 202)
