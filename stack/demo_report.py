@@ -101,11 +101,14 @@ def format_summary(s: dict[str, Any]) -> str:
             if not acc["count"]:
                 continue
             vs = acc["pinball"] / acc["constant_pinball"] if acc["constant_pinball"] else float("nan")
+            words = _coverage_words(acc["coverage"], s["quantile"])
             lines.append(
                 f"{name.upper()} p{target:g} {scope:>7}: coverage {acc['coverage'] * 100:5.1f}% "
-                f"(target {target:g}%), MAPE {acc['mape'] * 100:5.1f}%, pinball {acc['pinball']:.2f} "
-                f"= {vs:.2f}x the best constant in hindsight  [{acc['count']} completions]"
+                f"(target {target:g}%: {words}), MAPE {acc['mape'] * 100:5.1f}%, "
+                f"pinball {acc['pinball']:.2f} = {vs:.2f}x the best constant in hindsight  [{acc['count']} completions]"
             )
+    if s["ttft"]["overall"]["count"]:
+        lines.extend(_LEGEND)
     for v in s["model_versions"]:
         if v["ttft_coverage"] is None:
             continue
@@ -135,6 +138,24 @@ def format_summary(s: dict[str, Any]) -> str:
             f"store holds {', '.join(ts['versions_in_store'])} (current {ts['current_version']})"
         )
     return "\n".join(lines)
+
+
+_LEGEND = [
+    "  what these mean: coverage is the share of requests that finished within their predicted time",
+    "  (a calibrated p90 model: 90%; more: predictions run high, fewer: they run low). MAPE is the",
+    "  average gap between prediction and actual (a p90 prediction sits above the typical latency on",
+    "  purpose, so it is never 0). Pinball compares the model with the one number that would have been",
+    "  best for those same requests, chosen afterwards: under 1.00x the model beats it. 'recent' is the",
+    "  last --demo-window completions: a short quiet stretch, where latencies barely vary, is easy for",
+    "  a constant and can read as over 1x. Requests finishing after the arrivals stopped are not scored.",
+]
+
+
+def _coverage_words(coverage: float, quantile: float) -> str:
+    gap = coverage - quantile
+    if abs(gap) <= 0.02:
+        return "on target"
+    return "predictions run high" if gap > 0 else "predictions run low"
 
 
 def _accuracy(outcomes: list[Outcome], which: str, q: float) -> dict[str, float | int | None]:
