@@ -105,7 +105,8 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(
                 f"{name.upper()} p{target:g} {scope:>7}: coverage {acc['coverage'] * 100:5.1f}% "
                 f"(target {target:g}%: {words}), MAPE {acc['mape'] * 100:5.1f}%, "
-                f"pinball {acc['pinball']:.2f} = {vs:.2f}x the best constant in hindsight  [{acc['count']} completions]"
+                f"pinball {acc['pinball']:.2f} = {vs:.2f}x the best constant in hindsight  "
+                f"[{acc['count']} completions]"
             )
     if s["ttft"]["overall"]["count"]:
         lines.extend(_LEGEND)
