@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 from coalescer.app import create_app
 from coalescer.config import CoalescerSettings
-from shared.config import settings_from_cli
+from shared.config import service_settings_from_cli
 from shared.logging import configure_logging
 from shared.serve import serve
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = settings_from_cli(CoalescerSettings, argv, prog="python -m coalescer")
+    settings = service_settings_from_cli(CoalescerSettings, argv, prog="python -m coalescer")
     configure_logging("coalescer", settings.log_level)
     serve(
         create_app(settings),

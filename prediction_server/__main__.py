@@ -18,7 +18,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 from prediction_server.config import PredictionSettings  # noqa: E402
-from shared.config import settings_from_cli, settings_to_env  # noqa: E402
+from shared.config import service_settings_from_cli, settings_to_env  # noqa: E402
 from shared.logging import configure_logging, log_event  # noqa: E402
 from shared.serve import serve  # noqa: E402
 
@@ -26,7 +26,7 @@ _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def main(argv: list[str] | None = None) -> int:
-    settings = settings_from_cli(PredictionSettings, argv, prog="python -m prediction_server")
+    settings = service_settings_from_cli(PredictionSettings, argv, prog="python -m prediction_server")
     configure_logging("prediction_server", settings.log_level)
     log = logging.getLogger("prediction_server")
     log_event(

@@ -10,6 +10,7 @@ documentation cannot drift from the code.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
@@ -26,6 +27,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 S = TypeVar("S", bound=BaseSettings)
+SS = TypeVar("SS", bound="ServiceSettings")
 
 
 def settings_config(env_prefix: str) -> SettingsConfigDict:
@@ -82,7 +84,8 @@ def settings_from_cli(
             )
     args = vars(parser.parse_args(argv))
     try:
-        return cls(**args)
+        settings = cls(**args)
+        return settings
     except ValidationError as exc:
         problems = "; ".join(
             f"{flag(str(err['loc'][0]))} / {env_var(cls, str(err['loc'][0]))}: {err['msg']}"
@@ -92,6 +95,24 @@ def settings_from_cli(
         )
         parser.error(f"invalid settings: {problems}")
         raise  # unreachable: parser.error exits
+
+
+def service_settings_from_cli(
+    cls: type[SS], argv: Sequence[str] | None = None, prog: str | None = None, epilog: str | None = None
+) -> SS:
+    """``settings_from_cli`` for a service about to start: a token file that cannot be read (or is
+    empty) fails here, with the flag's name, before the service builds its app or binds its port."""
+    settings = settings_from_cli(cls, argv, prog=prog, epilog=epilog)
+    try:
+        _ = settings.token
+    except ValueError as exc:
+        print(
+            f"{prog or 'service'}: error: invalid settings: {flag('auth_token_file')} / "
+            f"{env_var(cls, 'auth_token_file')}: {exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+    return settings
 
 
 def settings_to_env(settings: BaseSettings) -> dict[str, str]:
@@ -185,24 +206,33 @@ class ServiceSettings(BaseSettings):
     )
 
     _token: str | None = PrivateAttr(default=None)
+    _token_read: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
-    def _read_token(self) -> ServiceSettings:
+    def _one_token_source(self) -> ServiceSettings:
         if self.auth_token is not None and self.auth_token_file is not None:
             raise ValueError("set only one of --auth-token and --auth-token-file")
-        if self.auth_token_file is not None:
-            try:
-                text = self.auth_token_file.read_text(encoding="utf-8").strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"cannot read the token file {self.auth_token_file}: {exc}") from exc
-            if not text:
-                raise ValueError(f"the token file {self.auth_token_file} is empty")
-            self._token = text
-        elif self.auth_token is not None:
-            self._token = self.auth_token.get_secret_value() or None
         return self
 
     @property
     def token(self) -> str | None:
-        """The admin token (from the flag, the variable or the file), or None when none is set."""
+        """The admin token (flag, variable or file), or None when none is set.
+
+        A token file is read on first use and kept (``serve`` reads it before binding, so an
+        unreadable or empty file fails at start); rotate it with a restart.
+        """
+        if not self._token_read:
+            self._token = self._read_token()
+            self._token_read = True
         return self._token
+
+    def _read_token(self) -> str | None:
+        if self.auth_token_file is None:
+            return (self.auth_token.get_secret_value() or None) if self.auth_token is not None else None
+        try:
+            text = self.auth_token_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the token file {self.auth_token_file}: {exc}") from exc
+        if not text:
+            raise ValueError(f"the token file {self.auth_token_file} is empty")
+        return text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from shared.config import settings_from_cli
+from shared.config import service_settings_from_cli
 from shared.logging import configure_logging
 from shared.serve import serve
 from training_server.config import TrainingSettings
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from training_server.import_trace import main as import_main
 
         return import_main(args[1:])
-    settings = settings_from_cli(TrainingSettings, args, prog=PROG, epilog=EPILOG)
+    settings = service_settings_from_cli(TrainingSettings, args, prog=PROG, epilog=EPILOG)
     configure_logging("training_server", settings.log_level)
     from training_server.app import create_app
 

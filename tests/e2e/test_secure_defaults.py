@@ -102,3 +102,33 @@ def test_help_shows_defaults_choices_and_one_naming_scheme(module: str, expected
     assert out.returncode == 0, out.stderr
     for text in expected:
         assert text in out.stdout, (text, out.stdout)
+
+
+def test_an_unreadable_or_doubled_token_fails_at_start(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    base = [sys.executable, "-m", "training_server", "--data-dir", str(tmp_path), "--port", "0"]
+    missing = subprocess.run(
+        [*base, "--auth-token-file", str(tmp_path / "nope")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2 and "--auth-token-file" in missing.stderr and "nope" in missing.stderr
+    (tmp_path / "empty").write_text("\n")
+    empty = subprocess.run(
+        [*base, "--auth-token-file", str(tmp_path / "empty")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert empty.returncode == 2 and "is empty" in empty.stderr
+    both = subprocess.run(
+        [*base, "--auth-token", "a", "--auth-token-file", str(tmp_path / "empty")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert both.returncode == 2 and "only one of" in both.stderr
