@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from shared.config import CommaList, ServiceSettings, settings_config
 from shared.schemas import MAX_BULK_ROWS
@@ -116,6 +116,12 @@ class CoalescerSettings(ServiceSettings):
     relay_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one relayed bulk call, seconds")
     relay_drain_s: float = Field(
         default=5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
+    )
+    auth_token: SecretStr | None = Field(
+        default=None,
+        description="When set (or --auth-token-file), /reload requires 'Authorization: Bearer <token>' (and "
+        "/add_training_data_bulk too with --token-protects-ingest); the token is also sent to replicas and "
+        "the training server",
     )
     token_protects_ingest: bool = Field(
         default=False,
