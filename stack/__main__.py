@@ -97,10 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _print_banner(settings: StackSettings, launcher: Launcher) -> None:
     what = "the demo on " if settings.demo else ""
     print(
-        f"latency-stack: starting {what}a training server, {settings.replicas} prediction replica(s) "
-        f"and a coalescer on {settings.host} ports {settings.base_port}-"
-        f"{settings.base_port + 1 + settings.replicas}; data in {settings.data_dir.resolve()}, "
-        f"logs in {launcher.log_dir}",
+        f"latency-stack: starting {what}a training server, {settings.replicas} prediction "
+        f"replica(s) and a coalescer\n  on {settings.host} ports {settings.base_port}-"
+        f"{settings.base_port + 1 + settings.replicas}\n  data in {settings.data_dir.resolve()}"
+        f"\n  logs in {launcher.log_dir}",
         flush=True,
     )
 
@@ -111,8 +111,9 @@ def _print_urls(launcher: Launcher) -> None:
         "\nlatency stack ready. Point a scheduler at it with:\n"
         f"  TRAINING_SERVER_URL={launcher.training_url}\n"
         f"  PREDICTION_SERVER_URL={launcher.coalescer_url}\n"
-        f"(the coalescer at {launcher.coalescer_url} also accepts /add_training_data_bulk; "
-        f"prediction replicas: {', '.join(replicas)}; logs in {launcher.log_dir})\n",
+        f"(the coalescer also accepts /add_training_data_bulk)\n"
+        f"  prediction replicas: {', '.join(replicas)}\n"
+        f"  logs in {launcher.log_dir}\n",
         flush=True,
     )
 

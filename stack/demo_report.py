@@ -4,6 +4,7 @@ quality against round-robin on the same simulated workload, and sample-feedback 
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +82,8 @@ def build_summary(run: DemoRun) -> dict[str, Any]:
     }
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """The summary as a short human-readable block."""
+def format_summary(s: dict[str, Any], width: int = 79) -> str:
+    """The summary as a short human-readable block, wrapped to ``width`` columns."""
     lines = ["", "=== demo summary ==="]
     lines.append(
         f"simulated {s['sim_duration_s']:.1f} s in {s['wall_s']:.1f} s wall ({s['speedup']}x real time): "
@@ -109,7 +110,7 @@ def format_summary(s: dict[str, Any]) -> str:
                 f"[{acc['count']} completions]"
             )
     if s["ttft"]["overall"]["count"]:
-        lines.extend(_LEGEND)
+        lines.append(_LEGEND)
     for v in s["model_versions"]:
         if v["ttft_coverage"] is None:
             continue
@@ -138,18 +139,26 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{ts['window_samples']} in the window, {ts['retrains']} retrain(s); "
             f"store holds {', '.join(ts['versions_in_store'])} (current {ts['current_version']})"
         )
-    return "\n".join(lines)
+    return "\n".join(_wrap(line, width) if line else line for line in lines)
 
 
-_LEGEND = [
-    "  what these mean: coverage is the share of requests that finished within their predicted time",
-    "  (a calibrated p90 model: 90%; more: predictions run high, fewer: they run low). MAPE is the",
-    "  average gap between prediction and actual (a p90 prediction sits above the typical latency on",
-    "  purpose, so it is never 0). Pinball compares the model with the one number that would have been",
-    "  best for those same requests, chosen afterwards: under 1.00x the model beats it. 'recent' is the",
-    "  last --demo-window completions: a short quiet stretch, where latencies barely vary, is easy for",
-    "  a constant and can read as over 1x. Requests finishing after the arrivals stopped are not scored.",
-]
+_LEGEND = (
+    "  What these mean: coverage is the share of requests that finished within their predicted "
+    "time (a calibrated p90 model: 90%; more: predictions run high, fewer: they run low). MAPE is "
+    "the average gap between prediction and actual (a p90 prediction sits above the typical latency "
+    "on purpose, so it is never 0). Pinball compares the model with the one number that would have "
+    "been best for those same requests, chosen afterwards: under 1.00x the model beats it. 'recent' "
+    "is the last --demo-window completions: a short quiet stretch, where latencies barely vary, is "
+    "easy for a constant and can read as over 1x. Requests finishing after the arrivals stopped are "
+    "not scored."
+)
+
+
+def _wrap(line: str, width: int) -> str:
+    indent = line[: len(line) - len(line.lstrip())]
+    return textwrap.fill(
+        line, width, subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False
+    )
 
 
 def _coverage_words(coverage: float, quantile: float) -> str:

@@ -93,7 +93,10 @@ def test_demo_panel_fits_the_terminal_and_redraws_in_place(tmp_path: Path, colum
     assert all(len(line) < columns for line in panel), panel
     summary = text.index("=== demo summary ===")
     assert summary > text.index(panel[7])
-    assert "what these mean: coverage is the share of requests" in text
+    assert "What these mean: coverage is the share of requests" in text
+    end = next(i for i, line in enumerate(lines) if line.startswith("(summary saved to"))
+    start = lines.index("=== demo summary ===")
+    assert all(len(line) < columns for line in lines[start:end]), lines[start:end]  # wrapped, not cut
     assert "latency-stack: all 3 services stopped cleanly." in text
     assert (tmp_path / "var" / "demo" / "demo-summary.json").is_file()
     assert not (tmp_path / "var" / "training").exists() and not (tmp_path / "var" / "models").exists()
