@@ -98,7 +98,7 @@ def _print_banner(settings: StackSettings, launcher: Launcher) -> None:
     what = "the demo on " if settings.demo else ""
     print(
         f"latency-stack: starting {what}a training server, {settings.replicas} prediction "
-        f"replica(s) and a coalescer\n  on {settings.host} ports {settings.base_port}-"
+        f"replica(s)\n  and a coalescer on {settings.host} ports {settings.base_port}-"
         f"{settings.base_port + 1 + settings.replicas}\n  data in {settings.data_dir.resolve()}"
         f"\n  logs in {launcher.log_dir}",
         flush=True,
