@@ -10,7 +10,10 @@ repeated runs:
 3. the time from sending 5,000 fresh samples to a fresh server until a trained model is
    published (the cold-start path: prior -> first model);
 4. the wall time of one retrain of a 50,000-sample window on one core (in process, see
-   ``bench/training_retrain.py``).
+   ``bench/training_retrain.py``);
+5. the cost of the ingest journal: ingestion throughput (trainer idle) with each
+   ``--journal-fsync`` policy (``always``, the default; ``everysec``; ``no``), and how many
+   requests shared one group commit (write + fsync).
 
 Baseline measured in the same run: validating the same bodies in process (orjson + the
 shared vectorised validation) on the server's core, without HTTP.
@@ -18,6 +21,8 @@ Not a test: the machine may be shared, so read medians. Results go to stdout and
 ``--out``, to a Markdown file.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/training_ingest.py --out docs/benchmarks-training.md
+
+``--journal-only`` measures only (5) and replaces the journal section of ``--out``.
 """
 
 from __future__ import annotations
@@ -67,15 +72,15 @@ NOTES = """Notes:
 class Server:
     """``taskset -c CORE python -m training_server ...`` on a free loopback port."""
 
-    def __init__(self, data_dir: Path, core: int, args: list[str]) -> None:
+    def __init__(self, data_dir: Path, core: int, args: list[str], repo: Path = REPO) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
         cmd = ["taskset", "-c", str(core), sys.executable, "-m", "training_server"]
         cmd += ["--port", str(self.port), "--data-dir", str(data_dir), "--log-level", "warning", *args]
         self.log = open(data_dir.parent / f"server-{self.port}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
+        self.proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 180  # generous: the machine may be busy
         while time.monotonic() < deadline:
             try:
                 if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
@@ -159,9 +164,16 @@ def validation_baseline(bodies: list[bytes], repeats: int) -> float:
 
 
 def ingest_runs(
-    tmp: Path, bodies: list[bytes], args: argparse.Namespace, server_args: list[str], prefill: int = 0
+    tmp: Path,
+    bodies: list[bytes],
+    args: argparse.Namespace,
+    server_args: list[str],
+    prefill: int = 0,
+    repo: Path = REPO,
 ) -> dict[str, Any]:
-    server = Server(tmp / f"data-{time.monotonic_ns()}", args.server_core, server_args)
+    data_dir = tmp / f"data-{time.monotonic_ns()}"
+    data_dir.mkdir(parents=True)
+    server = Server(data_dir, args.server_core, server_args, repo)
     try:
         blast(server, bodies, max(prefill, 20), args.concurrency)  # warm-up (and fill the window)
         if prefill:
@@ -189,7 +201,113 @@ def ingest_runs(
         "retrains_completed": status["training"]["runs"] - runs_at_start,
         "window": status["window"]["samples"],
         "last_retrain_s": status["training"]["last_duration_s"],
+        "journal": status.get("journal", {}),
+        "requests": (args.repeats * args.requests + max(prefill, 20)),
     }
+
+
+JOURNAL_BEGIN, JOURNAL_END = "<!-- journal-bench -->", "<!-- /journal-bench -->"
+JOURNAL_NOTES = """- Every accepted batch is appended to the journal before its 202 (one record of 1,000 rows
+  x 14 float64 columns, about 112 kB). Concurrent requests share one group commit: one `write`
+  and, with `always`, one `fsync`. "requests per commit" is the number of ingest requests divided
+  by the group commits the server counted (`/status` -> `journal.group_commits`).
+- `always` fsyncs before any 202 of the group goes out (covers power loss); `everysec` fsyncs at
+  most a second later (a power loss may lose up to about 1 s of acknowledged samples); `no` leaves
+  it to the OS. A `kill -9` loses nothing with any of them (tests/e2e/test_journal_durability.py).
+- Journal bytes at this rate: about 112 MB per 1,000,000 samples; the window is saved and the
+  journal compacted every `--persist-interval-s` or after `--journal-snapshot-bytes` (256 MiB)."""
+
+
+def journal_alone(tmp: Path, policy: str, appenders: int, batches: int = 400) -> tuple[float, float]:
+    """In process: ``appenders`` threads each append-and-wait ``batches`` records of 1,000 samples
+    to a real ``Journal`` on this disk; returns (samples/s, mean ms per append)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training_server.journal import SAMPLES, Journal, JournalRecord
+    from training_server.window import JOURNAL_COLUMNS
+
+    directory = tmp / f"journal-{policy}-{appenders}-{time.monotonic_ns()}"
+    journal = Journal(directory, JOURNAL_COLUMNS, policy, lambda _: None)  # type: ignore[arg-type]
+    list(journal.recover())
+    journal.start(1)
+    data = np.random.default_rng(0).random((BATCH, len(JOURNAL_COLUMNS)))
+    latencies: list[float] = []
+
+    def run(_: int) -> None:
+        for _ in range(batches // appenders):
+            started = time.perf_counter()
+            journal.append(JournalRecord(SAMPLES, data, "", BATCH)).result(30)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(appenders) as pool:
+        list(pool.map(run, range(appenders)))
+    elapsed = time.perf_counter() - started
+    journal.close()
+    return len(latencies) * BATCH / elapsed, 1000 * statistics.mean(latencies)
+
+
+def journal_section(tmp: Path, bodies: list[bytes], args: argparse.Namespace, baseline: float) -> str:
+    no_retrain = ["--min-new-samples", "1000000000", "--retrain-interval-s", "1000000"]
+    rows, details = [], []
+    os.sched_setaffinity(0, {args.server_core})
+    for policy in ("always", "everysec", "no"):
+        for appenders in (1, 4):
+            rate, ms = journal_alone(tmp, policy, appenders)
+            rows.append(
+                f"| journal alone, in process, `{policy}`, {appenders} appender(s) | {rate:,.0f} samples/s; "
+                f"{ms:.2f} ms per 1,000-sample append | - |"
+            )
+    os.sched_setaffinity(0, {args.client_core})
+    if args.compare_repo is not None:
+        print(f"ingesting without a journal ({args.compare_repo}) ...", flush=True)
+        result = ingest_runs(tmp, bodies, args, no_retrain, repo=args.compare_repo)
+        rows.append(
+            f"| no journal (the code before it, `{args.compare_repo}`) | {result['samples_per_s']:,.0f} "
+            f"samples/s ({result['samples_per_s'] / baseline:.2f}x validation baseline); server CPU "
+            f"{result['cpu_us']:.1f} us/sample | - |"
+        )
+        details.append(f"- no journal runs (samples/s): {result['all']}; 429 answers: {result['rejected']}")
+    for policy in ("always", "everysec", "no"):
+        print(f"ingesting with --journal-fsync {policy} ...", flush=True)
+        result = ingest_runs(tmp, bodies, args, [*no_retrain, "--journal-fsync", policy])
+        commits = max(int(result["journal"].get("group_commits", 0)), 1)
+        default = " (default)" if policy == "always" else ""
+        rows.append(
+            f"| `--journal-fsync {policy}`{default} | {result['samples_per_s']:,.0f} samples/s "
+            f"({result['samples_per_s'] / baseline:.2f}x validation baseline); server CPU "
+            f"{result['cpu_us']:.1f} us/sample; {result['requests'] / commits:.1f} requests per commit "
+            "| >= 100,000/s |"
+        )
+        details.append(f"- `{policy}` runs (samples/s): {result['all']}; 429 answers: {result['rejected']}")
+    return "\n".join(
+        [
+            JOURNAL_BEGIN,
+            "## The ingest journal: cost of each fsync policy",
+            "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with the same setup (trainer idle, "
+            f"{args.repeats} runs of {args.requests} requests x 1,000, {args.concurrency} connections); "
+            f"validation baseline in the same run {baseline:,.0f} samples/s.",
+            "",
+            "| measurement | median | target |",
+            "|---|---|---|",
+            *rows,
+            "",
+            *details,
+            JOURNAL_NOTES,
+            JOURNAL_END,
+        ]
+    )
+
+
+def write_journal_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else "# Training server benchmarks\n"
+    if JOURNAL_BEGIN in text and JOURNAL_END in text:
+        head, rest = text.split(JOURNAL_BEGIN, 1)
+        text = head + section + rest.split(JOURNAL_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
 
 
 def time_to_first_model(tmp: Path, bodies: list[bytes], args: argparse.Namespace) -> dict[str, Any]:
@@ -221,6 +339,15 @@ def main() -> None:
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="write a Markdown report here")
+    parser.add_argument(
+        "--compare-repo",
+        type=Path,
+        default=None,
+        help="also measure a server from this checkout (no journal)",
+    )
+    parser.add_argument(
+        "--journal-only", action="store_true", help="only the fsync-policy comparison (replaces its section)"
+    )
     args = parser.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     os.sched_setaffinity(0, {args.client_core})
@@ -235,6 +362,17 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
     os.sched_setaffinity(0, {args.server_core})  # the baseline runs where the server will run
     baseline = validation_baseline(bodies, args.repeats)
     os.sched_setaffinity(0, {args.client_core})
+    if args.journal_only:
+        section = journal_section(tmp, bodies, args, baseline)
+        load_after = os.getloadavg()
+        section = section.replace(
+            JOURNAL_END, f"- load average before/after: {load_before[0]:.2f} / {load_after[0]:.2f} "
+            "(shared, busy machine)\n" + JOURNAL_END
+        )  # fmt: skip
+        print(section)
+        if args.out is not None:
+            write_journal_section(args.out, section)
+        return
     print("ingesting, trainer idle ...", flush=True)
     no_retrain = ["--min-new-samples", "1000000000", "--retrain-interval-s", "1000000"]
     idle = ingest_runs(tmp, bodies, args, no_retrain)
@@ -246,6 +384,7 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
     first = time_to_first_model(tmp, bodies, args)
     print("retrain of a 50,000-sample window on one core ...", flush=True)
     retrain = retrain_times(50_000, args.repeats, args.server_core)
+    journal = journal_section(tmp, bodies, args, baseline)
     load_after = os.getloadavg()
 
     rows = [
@@ -307,6 +446,9 @@ def run_all(args: argparse.Namespace, tmp: Path) -> None:
             + "\n".join(details)
             + "\n\n"
             + NOTES
+            + "\n"
+            + journal
+            + "\n"
         )
 
 

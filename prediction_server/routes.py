@@ -180,6 +180,7 @@ class PredictionApi:
             "evaluator": predictor.evaluator if predictor else None,
             "store": self._shown_store(),
             "store_reachable": self.watcher.store_reachable,
+            "store_current_readable": self.watcher.current_readable,
             "last_store_error": self.watcher.last_store_error,
             "refused_versions": dict(self.watcher.refused),
             "poll_interval_s": self.settings.poll_interval_s,

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -23,17 +22,14 @@ from typing import Protocol
 from urllib.parse import quote
 
 import httpx
-import orjson
 
 from prediction_server.config import PredictionSettings
-from shared.artifacts import CURRENT_FILE, MANIFEST_FILE, Manifest, ModelStore, sha256_hex
-from shared.errors import ArtifactError
+from shared.artifacts import CURRENT_FILE, MANIFEST_FILE, VERSION_NAME, Manifest, ModelStore, sha256_hex
+from shared.atomic import fsync_dir, write_synced
+from shared.errors import ArtifactError, CorruptArtifact
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
-
-VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_MANIFEST_FIELDS = frozenset(Manifest.__dataclass_fields__)
 
 
 class StoreUnavailable(Exception):
@@ -67,23 +63,10 @@ class ModelSource(Protocol):
     async def fetch(self, version: str) -> Fetched:
         """Read a version; ``StoreUnavailable`` if transient, ``ArtifactError`` if the version is bad."""
 
+    async def versions(self) -> list[str]:
+        """Every published version (to fall back on when the current one is unusable)."""
+
     async def aclose(self) -> None: ...
-
-
-def parse_manifest(raw: bytes) -> Manifest:
-    """A manifest from JSON, ignoring fields this build does not know (newer writers may add some)."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ArtifactError(f"unreadable manifest: {exc}") from exc
-    if isinstance(data, dict) and isinstance(data.get("manifest"), dict):
-        data = data["manifest"]
-    if not isinstance(data, dict):
-        raise ArtifactError("unreadable manifest: not a JSON object")
-    manifest = Manifest.from_json(orjson.dumps({k: v for k, v in data.items() if k in _MANIFEST_FIELDS}))
-    if not VERSION_NAME.match(manifest.version):
-        raise ArtifactError(f"bad version name {manifest.version!r}")
-    return manifest
 
 
 class LocalSource:
@@ -96,8 +79,17 @@ class LocalSource:
     async def current_version(self) -> str | None:
         try:
             return await asyncio.to_thread(self.store.current_version)
+        except CorruptArtifact as exc:
+            raw = await asyncio.to_thread(_read_or_empty, self.store.root / CURRENT_FILE)
+            raise BadVersion(f"unreadable-current-{sha256_hex(raw)[:12]}", str(exc)) from exc
         except OSError as exc:
             raise StoreUnavailable(f"cannot read {self.store.root / CURRENT_FILE}: {exc}") from exc
+
+    async def versions(self) -> list[str]:
+        try:
+            return await asyncio.to_thread(self.store.versions)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot list {self.store.versions_dir}: {exc}") from exc
 
     async def fetch(self, version: str) -> Fetched:
         return await asyncio.to_thread(self._fetch, version)
@@ -107,7 +99,7 @@ class LocalSource:
             raise ArtifactError(f"bad version name {version!r}")
         directory = self.store.versions_dir / version
         try:
-            manifest = parse_manifest((directory / MANIFEST_FILE).read_bytes())
+            manifest = Manifest.from_json((directory / MANIFEST_FILE).read_bytes())
             files = {name: (directory / spec.file).read_bytes() for name, spec in manifest.models.items()}
         except FileNotFoundError as exc:
             if not directory.is_dir():  # pruned between reading CURRENT and here
@@ -132,23 +124,48 @@ class HttpSource:
         self._client = httpx.AsyncClient(timeout=timeout_s)
         self._cache = LocalSource(cache_dir) if cache_dir is not None else None
         self._manifests: dict[str, Manifest] = {}
+        self._etag: tuple[str, str] | None = None  # (ETag of the current manifest, its version)
 
     async def current_version(self) -> str | None:
-        response = await self._get("/models/current")
+        # A cheap check: with If-None-Match the training server answers 304 without a body while
+        # the current manifest is the one we already have.
+        headers = {"If-None-Match": self._etag[0]} if self._etag is not None else None
+        response = await self._get("/models/current", headers)
+        if response.status_code == 304 and self._etag is not None:
+            return self._etag[1]
+        self._etag = None
         if response.status_code == 404:
             return None
+        if response.status_code == 503 and b"store_unreadable" in response.content:
+            # The training server is up but its CURRENT is damaged: fall back, do not wait.
+            raise BadVersion(
+                "unreadable-current-remote", f"the store's CURRENT is unreadable: {response.text[:200]}"
+            )
         self._check(response, "current manifest")
         try:
-            manifest = parse_manifest(response.content)
+            manifest = Manifest.from_json(response.content)
         except ArtifactError as exc:
             raise BadVersion(f"unreadable-current-{sha256_hex(response.content)[:12]}", str(exc)) from exc
         self._manifests = {manifest.version: manifest}
+        etag = response.headers.get("etag")
+        self._etag = (etag, manifest.version) if etag else None
         return manifest.version
+
+    async def versions(self) -> list[str]:
+        response = await self._get("/models")
+        self._check(response, "version list")
+        try:
+            names = response.json()["versions"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StoreUnavailable(f"unreadable version list: {exc}") from exc
+        return [n for n in names if isinstance(n, str) and VERSION_NAME.match(n)]
 
     async def fetch(self, version: str) -> Fetched:
         if not VERSION_NAME.match(version):
             raise ArtifactError(f"bad version name {version!r}")
-        manifest = self._manifests.get(version) or parse_manifest(await self._file(version, MANIFEST_FILE))
+        manifest = self._manifests.get(version) or Manifest.from_json(
+            await self._file(version, MANIFEST_FILE)
+        )
         cached = await self._from_cache(manifest)
         if cached is not None:
             return cached
@@ -192,9 +209,9 @@ class HttpSource:
         self._check(response, f"{version}/{file}")
         return response.content
 
-    async def _get(self, path: str) -> httpx.Response:
+    async def _get(self, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
         try:
-            return await self._client.get(self.base_url + path)
+            return await self._client.get(self.base_url + path, headers=headers)
         except httpx.HTTPError as exc:
             raise StoreUnavailable(f"GET {self.base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
@@ -222,17 +239,23 @@ def _write_cached_version(store: ModelStore, fetched: Fetched) -> None:
         staging.mkdir(parents=True)
         try:
             for name, spec in fetched.manifest.models.items():
-                (staging / spec.file).write_bytes(fetched.files[name])
-            (staging / MANIFEST_FILE).write_bytes(fetched.manifest.to_json())
+                write_synced(staging / spec.file, fetched.files[name])
+            write_synced(staging / MANIFEST_FILE, fetched.manifest.to_json())
+            fsync_dir(staging)
             os.rename(staging, target)
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             if not target.is_dir():
                 raise
-    pointer = store.root / f".{CURRENT_FILE}.{uuid.uuid4().hex}"
-    pointer.write_text(version)
-    os.replace(pointer, store.root / CURRENT_FILE)
+    store.point_to(version)
     store.prune()
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
 
 
 def make_source(settings: PredictionSettings) -> ModelSource | None:

@@ -11,7 +11,10 @@ again on every poll) and the previous version keeps serving. Transient trouble (
 unreachable, version pruned mid-read) is retried on the next poll instead.
 
 Until the store yields a usable version the built-in prior answers, so the service is ready
-from its first second.
+from its first second. When the current version is unusable (``CURRENT`` unreadable, a damaged
+manifest or model file) while nothing trained is served yet, the watcher falls back to the
+newest version of the store that verifies (then to its cache), never to the prior while a good
+trained version exists; ``current_readable`` says whether ``CURRENT`` itself could be read.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class StoreWatcher:
         self.current: Predictor | None = None
         self.refused: dict[str, str] = {}
         self.store_reachable: bool | None = None
+        self.current_readable: bool | None = None
         self.last_store_error: str | None = None
         self.last_check_monotonic: float | None = None
         self._lock = asyncio.Lock()
@@ -75,7 +79,7 @@ class StoreWatcher:
         the prior (or the cached version) serves, and the next poll picks the store's version up.
         """
         await self.check(io_budget_s=min(self.settings.store_timeout_s, STARTUP_STORE_BUDGET_S))
-        if self.current is None and isinstance(self.source, HttpSource) and not self.store_reachable:
+        if self.current is None and isinstance(self.source, HttpSource):
             cached = await self.source.cached_current()
             if cached is not None:
                 await self._accept(cached, origin="cache")
@@ -110,9 +114,13 @@ class StoreWatcher:
             version: str | None = None
             try:
                 version = await _within(self.source.current_version(), io_budget_s)
-                if version is None or version in self.refused:
+                self.current_readable = True
+                if version is None:
                     self._reachable(True, None)
                     return False
+                if version in self.refused:
+                    self._reachable(True, None)
+                    return await self._fall_back(io_budget_s)
                 if self.current is not None and version == self.current.version:
                     self._reachable(True, None)
                     return False
@@ -120,17 +128,45 @@ class StoreWatcher:
             except StoreUnavailable as exc:
                 self._reachable(False, str(exc))
                 return False
-            except BadVersion as exc:
+            except BadVersion as exc:  # CURRENT (or the current manifest) is unreadable
                 self._reachable(True, None)
+                self.current_readable = False
                 if exc.key not in self.refused:
                     self._refuse(exc.key, "unreadable", exc)
-                return False
+                return await self._fall_back(io_budget_s)
             except ArtifactError as exc:
                 self._reachable(True, None)
                 self._refuse(version or "unknown", "unreadable", exc)
-                return False
+                return await self._fall_back(io_budget_s)
             self._reachable(True, None)
-            return await self._accept(fetched, origin=self.source.description)
+            if await self._accept(fetched, origin=self.source.description):
+                return True
+            return await self._fall_back(io_budget_s)
+
+    async def _fall_back(self, io_budget_s: float | None) -> bool:
+        """The current version is unusable: unless a trained version already serves, serve the
+        newest one in the store that verifies (trained first); ``True`` if one was taken."""
+        if self.source is None or (self.current is not None and self.current.kind != "prior"):
+            return False
+        try:
+            versions = await _within(self.source.versions(), io_budget_s)
+        except StoreUnavailable:
+            return False
+        for version in sorted(versions, key=lambda v: (v.endswith("-trained"), v), reverse=True):
+            if version in self.refused:
+                continue
+            if self.current is not None and version == self.current.version:
+                return False
+            try:
+                fetched = await _within(self.source.fetch(version), io_budget_s)
+            except StoreUnavailable:
+                continue
+            except ArtifactError as exc:
+                self._refuse(version, "unreadable", exc)
+                continue
+            if await self._accept(fetched, origin=f"{self.source.description} (fallback)"):
+                return True
+        return False
 
     async def _accept(self, fetched: Fetched, origin: str) -> bool:
         version = fetched.manifest.version

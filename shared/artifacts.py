@@ -9,14 +9,21 @@ A version directory appears by ``rename`` of a fully written and fsynced staging
 directory, and ``CURRENT`` is replaced by write + fsync + rename, so a reader never
 sees a half-written version. Models are XGBoost's native UBJSON format, verified by
 SHA-256 from the manifest before they are loaded. No pickle anywhere.
+
+Damage is told apart from incompatibility: an unreadable ``CURRENT`` or manifest, a truncated
+model file or a checksum mismatch raise ``CorruptArtifact``; the store's writer (the training
+server) moves such files aside into ``<root>/quarantine/`` (``ModelStore.quarantine``) and
+falls back to the newest version that verifies (``ModelStore.newest_verified``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
-import uuid
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +32,9 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from shared.atomic import fsync_dir, write_atomic, write_synced
 from shared.baseline import baseline_ms, check_baseline
-from shared.errors import ArtifactError
+from shared.errors import ArtifactError, CorruptArtifact
 from shared.features import FEATURE_NAMES, FEATURE_VERSION
 
 MODEL_NAMES: tuple[str, ...] = ("ttft", "tpot")
@@ -36,7 +44,10 @@ LISTED_MODEL_NAMES: tuple[str, ...] = (*MODEL_NAMES, *(f"{name}_gated" for name 
 MANIFEST_FILE = "manifest.json"
 CURRENT_FILE = "CURRENT"
 VERSIONS_DIR = "versions"
+QUARANTINE_DIR = "quarantine"
 MANIFEST_FORMAT = 1
+VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""What a version (or file) name may look like: no path separators, no NUL, no leading dot."""
 
 TargetTransform = Literal["log1p", "identity"]
 Objective = Literal["quantile", "mean"]
@@ -82,13 +93,27 @@ class Manifest:
 
     @classmethod
     def from_json(cls, raw: bytes) -> Manifest:
+        """The one manifest parser: strict about what it needs (types, required fields, a valid
+        version name), tolerant of fields it does not know (newer writers may add some), and of
+        the ``{"manifest": {...}}`` envelope. Raises ``CorruptArtifact``."""
         try:
             data = orjson.loads(raw)
-            data["models"] = {name: ModelSpec(**spec) for name, spec in data["models"].items()}
+            if isinstance(data, dict) and isinstance(data.get("manifest"), dict):
+                data = data["manifest"]
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
+            data = {k: v for k, v in data.items() if k in _MANIFEST_FIELDS}
+            data["models"] = {
+                name: ModelSpec(**{k: v for k, v in spec.items() if k in _SPEC_FIELDS})
+                for name, spec in data["models"].items()
+            }
             data["feature_names"] = tuple(data["feature_names"])
-            return cls(**data)
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ArtifactError(f"unreadable manifest: {exc}") from exc
+            manifest = cls(**data)
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptArtifact(f"unreadable manifest: {exc}") from exc
+        if not isinstance(manifest.version, str) or not VERSION_NAME.match(manifest.version):
+            raise CorruptArtifact(f"bad version name {manifest.version!r}")
+        return manifest
 
     def check_compatible(self) -> None:
         """Refuse a set built for other features or with a missing model."""
@@ -106,6 +131,10 @@ class Manifest:
                     check_baseline(spec.baseline)
                 except ArtifactError as exc:
                     raise ArtifactError(f"version {self.version} model {name}: {exc}") from exc
+
+
+_MANIFEST_FIELDS = frozenset(Manifest.__dataclass_fields__)
+_SPEC_FIELDS = frozenset(ModelSpec.__dataclass_fields__)
 
 
 def served_latency_ms(tree_margin: np.ndarray, features: np.ndarray, spec: ModelSpec) -> np.ndarray:
@@ -156,9 +185,9 @@ def verify_model_set(manifest: Manifest, files: dict[str, bytes]) -> ModelSet:
         spec = manifest.models[name]
         data = files.get(name)
         if data is None:
-            raise ArtifactError(f"version {manifest.version}: file {spec.file} missing")
+            raise CorruptArtifact(f"version {manifest.version}: file {spec.file} missing")
         if len(data) != spec.size_bytes or sha256_hex(data) != spec.sha256:
-            raise ArtifactError(f"version {manifest.version}: checksum mismatch for {spec.file}")
+            raise CorruptArtifact(f"version {manifest.version}: checksum mismatch for {spec.file}")
     return ModelSet(manifest, files)
 
 
@@ -174,17 +203,26 @@ class ModelStore:
         return self.root / VERSIONS_DIR
 
     def current_version(self) -> str | None:
-        """The version ``CURRENT`` names, or ``None`` if nothing was published yet."""
+        """The version ``CURRENT`` names, or ``None`` if nothing was published yet.
+
+        Raises ``CorruptArtifact`` when ``CURRENT`` is not UTF-8 or names no valid version."""
+        path = self.root / CURRENT_FILE
         try:
-            name = (self.root / CURRENT_FILE).read_text().strip()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return None
+        try:
+            name = raw.decode("utf-8").strip()
+        except UnicodeDecodeError as exc:
+            raise CorruptArtifact(f"{path} is not UTF-8: {exc}") from exc
+        if name and not VERSION_NAME.match(name):
+            raise CorruptArtifact(f"{path} names no valid version: {name[:80]!r}")
         return name or None
 
     def versions(self) -> list[str]:
         """Published versions, oldest first."""
         try:
-            names = [p.name for p in self.versions_dir.iterdir() if p.is_dir()]
+            names = [p.name for p in self.versions_dir.iterdir() if p.is_dir() and VERSION_NAME.match(p.name)]
         except FileNotFoundError:
             return []
         return sorted(names)
@@ -192,17 +230,58 @@ class ModelStore:
     def read_manifest(self, version: str) -> Manifest:
         path = self._version_dir(version) / MANIFEST_FILE
         try:
-            return Manifest.from_json(path.read_bytes())
+            manifest = Manifest.from_json(path.read_bytes())
         except FileNotFoundError as exc:
+            if self._version_dir(version).is_dir():
+                raise CorruptArtifact(f"version {version}: {MANIFEST_FILE} missing") from exc
             raise ArtifactError(f"version {version} not found") from exc
+        if manifest.version != version:
+            raise CorruptArtifact(f"directory {version} holds a manifest for {manifest.version}")
+        return manifest
 
     def read_file(self, version: str, file: str) -> bytes:
-        if "/" in file or file.startswith("."):
+        if not VERSION_NAME.match(file):
             raise ArtifactError(f"bad file name {file!r}")
         try:
             return (self._version_dir(version) / file).read_bytes()
         except FileNotFoundError as exc:
             raise ArtifactError(f"version {version}: file {file} not found") from exc
+
+    def newest_verified(
+        self, on_damaged: Callable[[str, CorruptArtifact], None] | None = None
+    ) -> ModelSet | None:
+        """The newest trained version that verifies, else the newest verifying prior, else ``None``.
+
+        Damaged versions met on the way are passed to ``on_damaged`` (the store's writer
+        quarantines them); incompatible ones (another feature schema) are skipped."""
+        candidates = sorted(self.versions(), key=lambda v: (v.endswith("-trained"), v), reverse=True)
+        for version in candidates:
+            try:
+                return self.load(version)
+            except CorruptArtifact as exc:
+                if on_damaged is not None:
+                    on_damaged(version, exc)
+            except ArtifactError:
+                continue
+        return None
+
+    def _quarantined_names(self) -> list[str]:
+        try:
+            return [p.name for p in (self.root / QUARANTINE_DIR).iterdir()]
+        except FileNotFoundError:
+            return []
+
+    def quarantine_version(self, version: str) -> Path:
+        return self.quarantine(self._version_dir(version))
+
+    def quarantine(self, path: Path) -> Path:
+        """Move a damaged file or version directory into ``<root>/quarantine/``; returns where."""
+        target_dir = self.root / QUARANTINE_DIR
+        target_dir.mkdir(parents=True, exist_ok=True)
+        target = target_dir / f"{path.name}.{int(time.time() * 1000)}"
+        os.rename(path, target)
+        fsync_dir(path.parent)
+        return target
 
     def load(self, version: str | None = None) -> ModelSet:
         """Read and verify a version (default: the current one)."""
@@ -229,7 +308,8 @@ class ModelStore:
     ) -> Manifest:
         """Write a new immutable version, switch ``CURRENT`` to it atomically and prune old versions."""
         self.versions_dir.mkdir(parents=True, exist_ok=True)
-        existing = self.versions()
+        # Quarantined names count too: a new version never reuses a name readers refused.
+        existing = [*self.versions(), *self._quarantined_names()]
         sequence = 1 + max(
             (int(v.split("-", 1)[0]) for v in existing if v.split("-", 1)[0].isdigit()), default=0
         )
@@ -258,19 +338,19 @@ class ModelStore:
             xgboost_version=xgboost_version,
         )
         manifest.check_compatible()
-        staging = self.root / f".staging-{uuid.uuid4().hex}"
+        staging = self.root / f".staging-{os.urandom(16).hex()}"
         staging.mkdir(parents=True)
         try:
             for name, data in models.items():
-                _write_synced(staging / specs[name].file, data)
-            _write_synced(staging / MANIFEST_FILE, manifest.to_json())
-            _fsync_dir(staging)
+                write_synced(staging / specs[name].file, data)
+            write_synced(staging / MANIFEST_FILE, manifest.to_json())
+            fsync_dir(staging)
             os.rename(staging, self._version_dir(version))
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        _fsync_dir(self.versions_dir)
-        self._point_to(version)
+        fsync_dir(self.versions_dir)
+        self.point_to(version)
         self.prune()
         return manifest
 
@@ -287,28 +367,11 @@ class ModelStore:
                 shutil.rmtree(leftover, ignore_errors=True)
         return doomed
 
-    def _point_to(self, version: str) -> None:
-        tmp = self.root / f".{CURRENT_FILE}.{uuid.uuid4().hex}"
-        _write_synced(tmp, version.encode())
-        os.replace(tmp, self.root / CURRENT_FILE)
-        _fsync_dir(self.root)
+    def point_to(self, version: str) -> None:
+        """Switch ``CURRENT`` to ``version`` atomically and durably."""
+        write_atomic(self.root / CURRENT_FILE, version.encode())
 
     def _version_dir(self, version: str) -> Path:
-        if "/" in version or version.startswith("."):
+        if not VERSION_NAME.match(version):
             raise ArtifactError(f"bad version name {version!r}")
         return self.versions_dir / version
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

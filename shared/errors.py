@@ -94,5 +94,17 @@ class NotFound(ServiceError):
     reason = "not_found"
 
 
+class StoreUnreadable(ServiceError):
+    """The model store's pointer or a file of it is damaged; a reader should keep what it has."""
+
+    status_code = 503
+    reason = "store_unreadable"
+
+
 class ArtifactError(Exception):
     """A model artifact failed to load or verify (bad checksum, wrong feature schema, ...)."""
+
+
+class CorruptArtifact(ArtifactError):
+    """A store file that is damaged (unreadable, truncated, checksum mismatch), not merely
+    incompatible: the store's writer may quarantine it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 from prometheus_client import multiprocess as _multiprocess
 from starlette.responses import Response
 
@@ -45,3 +45,16 @@ def metrics_response(registry: CollectorRegistry) -> Response:
     else:
         data = generate_latest(registry)
     return Response(data, media_type=CONTENT_TYPE_LATEST)
+
+
+def counter_totals(counter: Counter, *, nonzero: bool = False) -> dict[str, int]:
+    """A counter's totals by its (single) label value, or ``{"": total}`` without labels: one
+    source for both ``/metrics`` and the counts a ``/status`` shows (``nonzero``: skip zeros)."""
+    totals: dict[str, int] = {}
+    for metric in counter.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                label = next(iter(sample.labels.values()), "")
+                if sample.value or not nonzero:
+                    totals[label] = int(sample.value)
+    return totals

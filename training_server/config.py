@@ -128,6 +128,24 @@ class TrainingSettings(ServiceSettings):
     persist_interval_s: float = Field(
         default=30.0, gt=0, description="How often the window is saved to disk."
     )
+    journal_fsync: Literal["always", "everysec", "no"] = Field(
+        default="always",
+        description="When the ingest journal is fsynced: 'always' (every group commit, before the 202), "
+        "'everysec' (at most 1 s later) or 'no' (by the OS). A kill -9 loses nothing with any of them; "
+        "only a power loss does, with everysec (up to 1 s) and no.",
+    )
+    journal_snapshot_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Save the window (and compact the journal) early once this many journal bytes "
+        "were written since the last save.",
+    )
+    idempotency_ttl_s: float = Field(
+        default=600.0, gt=0, description="How long an accepted Idempotency-Key is remembered."
+    )
+    idempotency_max_keys: int = Field(
+        default=100_000, ge=1, description="Most Idempotency-Keys remembered (the oldest are forgotten)."
+    )
     seed_bundle: Path | None = Field(
         default=None,
         description="Seed bundle (from GET /model/export) a fresh server publishes instead of the prior; "
@@ -149,3 +167,7 @@ class TrainingSettings(ServiceSettings):
     @property
     def window_path(self) -> Path:
         return self.data_dir / "window.npz"
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.data_dir / "journal"

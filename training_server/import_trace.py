@@ -11,8 +11,8 @@ Entries without a ``timestamp`` are timed by their order: line order is time, ac
 in the order given, with increasing timestamps ``--spacing-s`` apart ending now.
 
 - ``--data-dir DIR``: offline, with the training server stopped: the samples are added to the
-  window saved in ``DIR`` (the file the server restores at start) through the window's own
-  load/insert/save, with the server's stratum cap and age limit.
+  window persisted in ``DIR`` through the server's own persistence (snapshot plus journal,
+  ``training_server.persistence``), with the server's stratum cap and age limit.
 - ``--url URL``: into a running training server (or a coalescer), in bulk requests of
   ``--batch-size`` entries to ``/add_training_data_bulk``, waiting ``Retry-After`` on 429/503.
 """
@@ -74,15 +74,28 @@ def rfc3339(epoch_s: float) -> str:
 
 
 def import_offline(settings: TrainingSettings, entries: list[dict[str, Any]], now_s: float) -> dict[str, int]:
-    """Add ``entries`` (valid, timed) to the window persisted under ``settings.data_dir``."""
+    """Add ``entries`` (valid, timed) to the window persisted under ``settings.data_dir``, through
+    the server's own persistence: restore (snapshot + journal replay), insert, save (a new
+    snapshot with the idempotency keys, the journal compacted)."""
+    import asyncio
+
+    from shared.metrics import new_registry
+    from training_server.intake import Intake
+    from training_server.metrics import TrainingMetrics
+    from training_server.persistence import Persistence
     from training_server.window import StratifiedWindow
 
     window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
-    before = window.load(settings.window_path, now_s)
-    columns, timestamps = parse_training_entries(entries, now_s=now_s)
-    columns, timestamps, stale = _keep_fresh(columns, timestamps, now_s, settings.max_age_s)
-    evicted = window.insert(columns, timestamps)
-    saved = window.save(settings.window_path)
+    intake = Intake(window, settings.max_pending_samples, lambda inserted, evicted: None)
+    persistence = Persistence(settings, window, intake, TrainingMetrics(new_registry()))
+    try:
+        before = persistence.restore(now_s)
+        columns, timestamps = parse_training_entries(entries, now_s=now_s)
+        columns, timestamps, stale = _keep_fresh(columns, timestamps, now_s, settings.max_age_s)
+        evicted = window.insert(columns, timestamps)
+        saved = asyncio.run(persistence.save())
+    finally:
+        persistence.close()
     return {"window_before": before, "stale": stale, "evicted_by_cap": evicted, "window_after": saved}
 
 

@@ -59,6 +59,25 @@ class TrainingMetrics:
             buckets=ROW_BUCKETS,
             registry=r,
         )
+        self.journal_records = Counter(
+            "training_journal_records", "Records (batches, flushes) written to the journal", registry=r
+        )
+        self.journal_replayed = Counter(
+            "training_journal_replayed_samples",
+            "Samples re-inserted from the journal at start-up",
+            registry=r,
+        )
+        self.duplicates = Counter(
+            "training_ingest_duplicate_batches",
+            "Batches answered 202 without inserting: their Idempotency-Key was already accepted",
+            registry=r,
+        )
+        self.quarantined = Counter(
+            "training_quarantined_files",
+            "Corrupt files moved aside, by kind (window, journal, current, version)",
+            ["kind"],
+            registry=r,
+        )
         self.training_seconds = Histogram(
             "training_run_seconds", "Wall time of one retrain", buckets=LATENCY_BUCKETS_S, registry=r
         )

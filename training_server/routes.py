@@ -12,8 +12,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from shared.artifacts import MANIFEST_FILE, MODEL_NAMES
-from shared.errors import ArtifactError, NotFound
+from shared.artifacts import MANIFEST_FILE, MODEL_NAMES, sha256_hex
+from shared.errors import ArtifactError, CorruptArtifact, NotFound, StoreUnreadable
 from shared.http import check_token, json_response, read_body
 from shared.metrics import metrics_response
 from training_server.service import TrainingService
@@ -38,8 +38,18 @@ async def add_training_data_bulk(request: Request, service: ServiceDep) -> Respo
         if settings.token_protects_ingest:
             check_token(request, settings.token)
 
-    accepted = await service.ingest(lambda: read_body(request, settings.max_body_bytes), authorize)
-    return json_response({"message": f"Accepted {accepted} training samples."}, 202)
+    accepted, stale = await service.ingest(
+        lambda: read_body(request, settings.max_body_bytes),
+        authorize,
+        request.headers.get("idempotency-key"),
+    )
+    message = f"Accepted {accepted} training samples."
+    if stale:  # counted too: training_window_evicted_samples_total{reason="stale"}, /status
+        message = (
+            f"Accepted {accepted} training samples; {stale} of them are older than max-age "
+            f"({settings.max_age_s:g} s) and were discarded."
+        )
+    return json_response({"message": message}, 202)
 
 
 @router.get("/model/download/info")
@@ -120,16 +130,37 @@ async def retrain(request: Request, service: ServiceDep, wait: bool = False) -> 
 @router.get("/models")
 async def list_versions(service: ServiceDep) -> Response:
     store = service.store
-    current, versions = await run_in_threadpool(lambda: (store.current_version(), store.versions()))
-    return json_response({"current": current, "versions": versions})
+
+    def listing() -> dict[str, Any]:
+        try:
+            current = store.current_version()
+        except CorruptArtifact as exc:  # the versions are still listed, for readers to fall back on
+            return {"current": None, "current_error": str(exc), "versions": store.versions()}
+        return {"current": current, "versions": store.versions()}
+
+    return json_response(await run_in_threadpool(listing))
+
+
+def _current(service: TrainingService) -> str | None:
+    try:
+        return service.store.current_version()
+    except CorruptArtifact as exc:  # damaged after start-up (start-up quarantines it)
+        raise StoreUnreadable(f"store_unreadable: {exc}") from None
 
 
 @router.get("/models/current")
-async def current_manifest(service: ServiceDep) -> Response:
-    version = service.store.current_version()
+async def current_manifest(request: Request, service: ServiceDep) -> Response:
+    """The current manifest, with an ``ETag``: a replica polling with ``If-None-Match`` gets a
+    bodiless 304 while the version is unchanged."""
+    version = await run_in_threadpool(_current, service)
     if version is None:
         raise NotFound("No model version has been published")
-    return await _store_file(service, version, MANIFEST_FILE)
+    response = await _store_file(service, version, MANIFEST_FILE)
+    etag = f'"{sha256_hex(bytes(response.body))[:32]}"'
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return response
 
 
 @router.get("/models/versions/{version}/manifest.json")

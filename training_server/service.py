@@ -3,8 +3,9 @@
 One instance lives in the app's lifespan (``start`` / ``stop``). The event loop only
 validates batches, answers reads and schedules work; inserting runs in the intake thread,
 retraining in the scheduler's trainer thread, and saves and age-outs in the default
-thread pool. Start-up restores the persisted window and, when the store has no usable
-current version, publishes the prior; shutdown drains the intake and saves the window.
+thread pool. Every accepted batch is journalled before its 202 (``training_server.persistence``);
+start-up restores the snapshot plus the journal and, when the store has no usable current
+version, publishes the prior; shutdown drains the journal and the intake and saves the window.
 """
 
 from __future__ import annotations
@@ -14,20 +15,24 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import xgboost as xgb
 
-from shared.artifacts import Manifest, ModelStore
-from shared.errors import ArtifactError, IngestSaturated, ServiceError
+from shared.artifacts import CURRENT_FILE, Manifest, ModelStore
+from shared.errors import ArtifactError, CorruptArtifact, IngestSaturated, InvalidInput, ServiceError
 from shared.logging import log_event
+from shared.metrics import counter_totals
 from shared.prior import publish_prior
 from shared.schemas import Columns, loads, parse_training_entries, require_list
 from training_server.config import TrainingSettings
+from training_server.idempotency import MAX_KEY_LENGTH
 from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
+from training_server.persistence import Persistence
 from training_server.scheduler import RetrainScheduler, log_task_failure
 from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
@@ -53,17 +58,14 @@ class TrainingService:
         self.store = ModelStore(settings.store_dir, settings.keep_versions)
         self.window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
         self.intake = Intake(self.window, settings.max_pending_samples, self._on_inserted)
+        self.persistence = Persistence(settings, self.window, self.intake, metrics)
         self.scheduler = RetrainScheduler(
             settings, self.window, Trainer(self.store, settings), metrics, self._on_published
         )
         self._maintenance: asyncio.Task[None] | None = None
-        self._persist_lock = asyncio.Lock()
         self._ingesting = 0
         self._manifest: Manifest | None = None
         self._tree_dumps: dict[tuple[str, str], bytes] = {}
-        self.samples_accepted = 0
-        self.rejected_requests: dict[str, int] = {}
-        self.rejected_samples: dict[str, int] = {}
         self._published_at_s = time.time()
         metrics.bind(
             lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending, self.model_age_s
@@ -85,39 +87,55 @@ class TrainingService:
         log_event(log, "training_server_started", window_samples=restored, version=manifest.version)
 
     async def stop(self) -> None:
+        await asyncio.to_thread(self.persistence.close)  # hands on what was journalled
         await asyncio.to_thread(self.intake.close)  # inserts what was already accepted
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
         await self.scheduler.stop()
-        async with self._persist_lock:
-            saved = await asyncio.to_thread(self.window.save, self.settings.window_path)
+        saved = await self.persistence.save()
         log_event(log, "training_server_stopped", window_samples_saved=saved)
 
     def _restore_window(self) -> int:
-        path = self.settings.window_path
-        try:
-            return self.window.load(path, time.time())
-        except ValueError as exc:
-            corrupt = path.with_name(path.name + f".corrupt-{int(time.time())}")
-            path.rename(corrupt)
-            log_event(log, "window_restore_failed", logging.ERROR, error=str(exc), moved_to=str(corrupt))
-            return 0
+        return self.persistence.restore(time.time())
 
     def _ensure_model(self) -> Manifest:
-        """Publish the prior when the store has no usable current version (cold start), or the
-        ``--seed-bundle`` when the store has no trained version yet."""
+        """The current version; if it is damaged or gone, the newest version that verifies
+        (damaged ones are quarantined); the ``--seed-bundle`` when the store has no trained
+        version yet; the prior only when the store has no usable version (cold start)."""
         seeded = seed_at_start(self.store, self.settings)
         if seeded is not None:
             return seeded
+        store = self.store
         try:
-            return self.store.load().manifest
+            return store.load().manifest
+        except CorruptArtifact as exc:
+            try:
+                store.current_version()
+            except CorruptArtifact:
+                self._quarantined("current", store.quarantine(store.root / CURRENT_FILE), exc)
+            else:
+                self._damaged(str(store.current_version()), exc)
         except ArtifactError as exc:
-            if self.store.current_version() is not None:
+            if store.current_version() is not None:
                 log_event(log, "current_version_unusable", logging.ERROR, error=str(exc))
+        good = store.newest_verified(self._damaged)
+        if good is not None:
+            store.point_to(good.manifest.version)
+            log_event(log, "current_version_restored", logging.WARNING, version=good.manifest.version)
+            return good.manifest
         version = publish_prior(self.store, self.settings.quantile, self.settings.objective)
         log_event(log, "prior_published", version=version)
         return self.store.read_manifest(version)
+
+    def _damaged(self, version: str, exc: CorruptArtifact) -> None:
+        self._quarantined("version", self.store.quarantine_version(version), exc)
+
+    def _quarantined(self, kind: str, moved_to: Path, exc: Exception) -> None:
+        self.metrics.quarantined.labels(kind).inc()
+        log_event(
+            log, "store_file_quarantined", logging.ERROR, kind=kind, error=str(exc), moved_to=str(moved_to)
+        )
 
     def _matches_settings(self, manifest: Manifest) -> bool:
         s = self.settings
@@ -126,12 +144,32 @@ class TrainingService:
         )
 
     # ---- ingestion -------------------------------------------------------------------------
-    async def ingest(self, read_body: Callable[[], Awaitable[bytes]], authorize: Callable[[], None]) -> int:
-        """Authorize, read, validate and queue one bulk request; returns the samples accepted."""
+    async def ingest(
+        self,
+        read_body: Callable[[], Awaitable[bytes]],
+        authorize: Callable[[], None],
+        idempotency_key: str | None = None,
+    ) -> tuple[int, int]:
+        """Authorize, read, validate and journal one bulk request; returns (samples acknowledged,
+        of which discarded as older than ``max_age_s``).
+
+        A batch whose ``idempotency_key`` was already accepted returns that batch's outcome and
+        inserts nothing (a resend after a timeout)."""
         started = time.perf_counter()
         entries: list[Any] | None = None
         try:
             authorize()
+            if idempotency_key is not None:
+                if not 0 < len(idempotency_key) <= MAX_KEY_LENGTH or not idempotency_key.isprintable():
+                    msg = f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable characters"
+                    raise InvalidInput([{"type": "value_error", "loc": ["header", "Idempotency-Key"],
+                                         "msg": msg, "input": idempotency_key[:MAX_KEY_LENGTH]}])  # fmt: skip
+                known = self.persistence.known(idempotency_key)
+                if known is None:
+                    known = await self.persistence.wait_inflight(idempotency_key)
+                if known is not None:
+                    self.metrics.duplicates.inc()
+                    return known
             if self._ingesting >= self.settings.max_concurrent_ingest_requests:
                 raise IngestSaturated("Too many ingest requests in progress; retry later", retry_after_s=1.0)
             self._ingesting += 1
@@ -143,20 +181,16 @@ class TrainingService:
             now_s = time.time()
             columns, timestamps = parse_training_entries(entries, now_s=now_s)
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
-            if len(timestamps):
-                self.intake.submit(columns, timestamps)
+            outcome = (len(entries), len(entries) - len(timestamps))
+            await self.persistence.commit(columns, timestamps, idempotency_key, outcome, now_s)
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
-            self.rejected_requests[exc.reason] = self.rejected_requests.get(exc.reason, 0) + 1
-            samples = len(entries) if entries is not None else 0
-            self.rejected_samples[exc.reason] = self.rejected_samples.get(exc.reason, 0) + samples
             raise
         n = len(entries)
-        self.samples_accepted += n
         self.metrics.samples_accepted.inc(n)
         self.metrics.ingest_rows.observe(n)
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
-        return n
+        return outcome
 
     def _keep_fresh(
         self, columns: Columns, timestamps: np.ndarray, now_s: float
@@ -207,27 +241,27 @@ class TrainingService:
         s = self.settings
         saved_mutations = self.window.mutations
         next_save = time.monotonic() + s.persist_interval_s
+        next_age_out = time.monotonic()
         while True:
-            await asyncio.sleep(min(5.0, s.persist_interval_s))
+            await asyncio.sleep(min(1.0, s.persist_interval_s))
             try:
-                aged = await asyncio.to_thread(self.window.age_out, time.time())
-                if aged:
-                    self.metrics.samples_evicted.labels("age").inc(aged)
-                if time.monotonic() >= next_save:
+                if time.monotonic() >= next_age_out:
+                    next_age_out = time.monotonic() + 5.0
+                    aged = await asyncio.to_thread(self.window.age_out, time.time())
+                    if aged:
+                        self.metrics.samples_evicted.labels("age").inc(aged)
+                if time.monotonic() >= next_save or self.persistence.save_due():
                     next_save = time.monotonic() + s.persist_interval_s
                     mutations = self.window.mutations
                     if mutations != saved_mutations:
-                        async with self._persist_lock:
-                            await asyncio.to_thread(self.window.save, s.window_path)
+                        await self.persistence.save()
                         saved_mutations = mutations
             except Exception as exc:  # a full disk must not stop ingestion; retry next tick
                 log_event(log, "window_maintenance_failed", logging.ERROR, error=repr(exc))
 
     async def flush(self) -> int:
-        """Drop every sample (window, intake queue and the persisted copy); models stay as they are."""
-        async with self._persist_lock:
-            dropped = self.intake.discard_pending() + self.window.clear()
-            self.settings.window_path.unlink(missing_ok=True)
+        """Drop every sample (window, intake queue, journal and snapshot); models stay as they are."""
+        dropped = await self.persistence.flush()
         self.scheduler.forget_new_samples()
         self.metrics.samples_evicted.labels("flush").inc(dropped)
         log_event(log, "window_flushed", samples=dropped)
@@ -277,9 +311,11 @@ class TrainingService:
             "intake": {
                 "pending_samples": self.intake.pending_samples,
                 "max_pending_samples": s.max_pending_samples,
-                "accepted_samples": self.samples_accepted,
-                "rejected_requests": dict(self.rejected_requests),
-                "rejected_samples": dict(self.rejected_samples),
+                "accepted_samples": counter_totals(self.metrics.samples_accepted).get("", 0),
+                "rejected_requests": counter_totals(self.metrics.requests_rejected, nonzero=True),
+                "rejected_samples": counter_totals(self.metrics.samples_rejected, nonzero=True),
+                "stale_samples_discarded": counter_totals(self.metrics.samples_evicted).get("stale", 0),
             },
+            "journal": self.persistence.status(),
             "training": self.scheduler.status(),
         }

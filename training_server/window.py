@@ -10,26 +10,29 @@ number; samples older than ``max_age_s`` are aged out.
 All state is guarded by ``lock``. Callers (the intake thread, the trainer, the persister)
 hold it only for array copies, never for I/O or training.
 
-The window persists as one ``.npz`` (plain float64 arrays, ``allow_pickle=False``),
-written to a temporary file, fsynced and renamed over the previous one.
+The window persists as one ``.npz`` (plain arrays, ``allow_pickle=False``) replaced atomically
+(``shared.atomic``). It records ``applied_lsn``, the last journal record it contains, so a
+restart replays only the journal records after it (``training_server.journal``).
 """
 
 from __future__ import annotations
 
-import os
 import threading
-import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from shared.atomic import write_atomic
 from shared.schemas import ROW_FIELD_NAMES, Columns, pod_type_name
 
 TARGET_NAMES: tuple[str, ...] = ("actual_ttft_ms", "actual_tpot_ms")
 COLUMN_NAMES: tuple[str, ...] = (*ROW_FIELD_NAMES, *TARGET_NAMES, "timestamp", "seq")
 _COL = {name: j for j, name in enumerate(COLUMN_NAMES)}
 TIMESTAMP, SEQ = _COL["timestamp"], _COL["seq"]
+JOURNAL_COLUMNS: tuple[str, ...] = COLUMN_NAMES[:-1]
+"""What the journal stores per sample: everything but ``seq`` (assigned again on insert)."""
 
 # Bin edges: a value v falls in bin searchsorted(edges, v, side="right").
 WAITING_EDGES = np.array([1, 2, 4, 8, 16, 32], dtype=np.float64)
@@ -189,18 +192,23 @@ class StratifiedWindow:
         self._size = 0
         self._next_seq = 0
         self.mutations = 0  # bumped on every change; the persister saves only when it moved
+        self.applied_lsn = 0  # the last journal record reflected in the window
 
     @property
     def size(self) -> int:
         return self._size
 
-    def insert(self, columns: Columns, timestamps: np.ndarray) -> int:
+    def insert(self, columns: Columns, timestamps: np.ndarray, lsn: int | None = None) -> int:
         """Add validated samples (arrival order = row order); returns how many old samples were evicted.
 
-        ``columns`` holds the row fields and both ``actual_*`` targets (as parsed from the wire).
+        ``columns`` holds the row fields and both ``actual_*`` targets (as parsed from the wire);
+        ``lsn`` is the last journal record these rows come from.
         """
         n = len(timestamps)
         if n == 0:
+            if lsn is not None:
+                with self.lock:
+                    self.applied_lsn = max(self.applied_lsn, lsn)
             return 0
         rows = np.empty((n, len(COLUMN_NAMES)))
         for name in (*ROW_FIELD_NAMES, *TARGET_NAMES):
@@ -224,6 +232,8 @@ class StratifiedWindow:
                 evicted += ring.extend(grouped[lo:hi])
             self._size += n - evicted
             self.mutations += 1
+            if lsn is not None:
+                self.applied_lsn = max(self.applied_lsn, lsn)
         return evicted
 
     def age_out(self, now_s: float) -> int:
@@ -253,9 +263,11 @@ class StratifiedWindow:
         so the lock is held for a bounded copy.
         """
         with self.lock:
-            strata = sorted(self._rings)
-            snap = _from_parts(strata, newest_fairly([self._rings[s].ordered() for s in strata], max_samples))
-        return snap
+            return self._copy(max_samples)
+
+    def _copy(self, max_samples: int | None) -> WindowSnapshot:
+        strata = sorted(self._rings)
+        return _from_parts(strata, newest_fairly([self._rings[s].ordered() for s in strata], max_samples))
 
     def strata_sizes(self) -> dict[int, int]:
         """Samples per non-empty stratum. Lock-free for the event loop: copying the dict's items
@@ -263,71 +275,84 @@ class StratifiedWindow:
         items = list(self._rings.items())
         return {s: ring.size for s, ring in sorted(items)}
 
-    def clear(self) -> int:
-        """Drop every sample; returns how many were dropped."""
+    def clear(self, lsn: int | None = None) -> int:
+        """Drop every sample (``lsn``: the journal's flush record); returns how many were dropped."""
         with self.lock:
             dropped = self._size
             self._rings.clear()
             self._size = 0
             self.mutations += 1
+            if lsn is not None:
+                self.applied_lsn = max(self.applied_lsn, lsn)
         return dropped
 
     def save(self, path: Path) -> int:
-        """Write the window atomically to ``path`` (.npz, no pickle); returns the samples written."""
-        snap = self.snapshot()
+        """Write the window atomically to ``path``; returns the samples written."""
+        return self.save_snapshot(path)[0]
+
+    def save_snapshot(self, path: Path, extra: dict[str, np.ndarray] | None = None) -> tuple[int, int]:
+        """Write the window atomically to ``path`` (.npz, no pickle) with ``extra`` arrays;
+        returns (samples written, the ``applied_lsn`` they reflect)."""
         with self.lock:
-            next_seq = self._next_seq
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez(
-                    f,
-                    allow_pickle=False,
-                    format=np.array([PERSIST_FORMAT]),
-                    columns=np.array(COLUMN_NAMES),
-                    data=snap.data,
-                    next_seq=np.array([next_seq]),
-                )
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return len(snap)
+            snap = self._copy(None)
+            next_seq, applied_lsn = self._next_seq, self.applied_lsn
+        arrays = {
+            **(extra or {}),
+            "format": np.array([PERSIST_FORMAT]),
+            "columns": np.array(COLUMN_NAMES),
+            "data": snap.data,
+            "next_seq": np.array([next_seq]),
+            "applied_lsn": np.array([applied_lsn]),
+        }
+        write_atomic(path, lambda f: np.savez(f, allow_pickle=False, **arrays))
+        return len(snap), applied_lsn
 
     def load(self, path: Path, now_s: float) -> int:
-        """Re-insert samples saved by ``save`` (re-stratified with the current bins and caps).
+        """Re-insert samples saved by ``save``; see ``read_snapshot`` and ``restore``."""
+        return self.restore(read_snapshot(path), now_s)
 
-        Returns the number of samples now in the window. Raises ``ValueError`` for a file of
-        another format; a missing file is an empty window.
-        """
-        try:
-            with np.load(path, allow_pickle=False) as saved:
-                if int(saved["format"][0]) != PERSIST_FORMAT:
-                    raise ValueError(f"{path}: unknown window format {int(saved['format'][0])}")
-                names = [str(name) for name in saved["columns"]]
-                data = np.asarray(saved["data"], dtype=np.float64)
-                next_seq = int(saved["next_seq"][0])
-        except FileNotFoundError:
-            return 0
-        except (KeyError, OSError, EOFError) as exc:
-            raise ValueError(f"{path}: unreadable window file: {exc}") from exc
-        missing = set(COLUMN_NAMES) - set(names)
-        if missing or data.ndim != 2 or data.shape[1] != len(names):
-            raise ValueError(f"{path}: window file lacks columns {sorted(missing)}")
+    def restore(self, saved: dict[str, np.ndarray], now_s: float) -> int:
+        """Re-insert a snapshot read by ``read_snapshot`` (re-stratified with the current bins and
+        caps); returns the number of samples now in the window. An empty dict is an empty window."""
+        if not saved:
+            return self._size
+        names = [str(name) for name in saved["columns"]]
+        data = np.asarray(saved["data"], dtype=np.float64)
         index = {name: j for j, name in enumerate(names)}
         data = data[np.argsort(data[:, index["seq"]], kind="stable")]
         fresh = data[:, index["timestamp"]] >= now_s - self.max_age_s
         data = data[fresh]
         columns = {name: data[:, index[name]] for name in (*ROW_FIELD_NAMES, *TARGET_NAMES)}
         with self.lock:
-            self._next_seq = max(self._next_seq, next_seq)
-        self.insert(columns, data[:, index["timestamp"]])
+            self._next_seq = max(self._next_seq, int(saved["next_seq"][0]))
+        lsn = int(saved["applied_lsn"][0]) if "applied_lsn" in saved else 0
+        self.insert(columns, data[:, index["timestamp"]], lsn)
         return self._size
+
+
+def read_snapshot(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a snapshot written by ``StratifiedWindow.save``; ``{}`` if there is none.
+
+    Raises ``ValueError`` for a file that is unreadable (truncated, not a zip, garbage) or of
+    another format; the caller quarantines it.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            arrays = {name: np.asarray(saved[name]) for name in saved.files}
+    except FileNotFoundError:
+        return {}
+    except (KeyError, OSError, EOFError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: unreadable window file: {exc!r}") from exc
+    try:
+        version = int(arrays["format"][0])
+        names = [str(name) for name in arrays["columns"]]
+        data = arrays["data"]
+        int(arrays["next_seq"][0])
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: incomplete window file: {exc!r}") from exc
+    if version != PERSIST_FORMAT:
+        raise ValueError(f"{path}: unknown window format {version}")
+    missing = set(COLUMN_NAMES) - set(names)
+    if missing or data.ndim != 2 or data.shape[1] != len(names):
+        raise ValueError(f"{path}: window file lacks columns {sorted(missing)}")
+    return arrays

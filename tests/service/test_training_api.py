@@ -217,7 +217,10 @@ def test_flush_and_retrain_need_the_token(client: TestClient) -> None:
     flushed = client.post("/flush", headers={"Authorization": f"Bearer {TOKEN}"})
     assert flushed.status_code == 200 and flushed.json()["flushed_samples"] == 300
     assert service_of(client).window.size == 0
-    assert not service_of(client).settings.window_path.exists()
+    # The persisted copy is empty too (a snapshot past the journal's flush record, so a restart
+    # replays nothing from before the flush).
+    with np.load(service_of(client).settings.window_path, allow_pickle=False) as saved:
+        assert saved["data"].shape[0] == 0
     assert metric(client, 'training_window_evicted_samples_total{reason="flush"}') == 300
 
 
@@ -246,14 +249,20 @@ def test_prior_is_ready_immediately_and_says_so(cold_client: TestClient) -> None
     assert 'training_model_version_info{kind="prior"' in client.get("/metrics").text
 
 
-def test_samples_too_old_on_arrival_are_accepted_but_not_kept(tmp_path: Path) -> None:
+def test_samples_too_old_on_arrival_are_accepted_not_kept_and_reported(tmp_path: Path) -> None:
     with TestClient(create_app(make_settings(tmp_path, max_age_s=3600))) as client:
         batch = entries(10)
-        for entry in batch[:4]:
+        for entry in batch[:3]:
             entry["timestamp"] = "2020-01-01T00:00:00Z"
+        batch[3]["timestamp"] = "1970-01-01T00:00:00Z"
         batch[4]["timestamp"] = "2999-01-01T00:00:00Z"  # sender clock far ahead: counts as now
         response = post_entries(client, batch)
-        assert response.status_code == 202 and response.json()["message"] == "Accepted 10 training samples."
+        # Still 202 (the client drops a whole batch on anything else), but never silently.
+        assert response.status_code == 202
+        assert response.json()["message"] == (
+            "Accepted 10 training samples; 4 of them are older than max-age (3600 s) and were discarded."
+        )
         wait_for(lambda: service_of(client).window.size == 6)
         assert service_of(client).window.snapshot().column("timestamp").max() <= time.time()
         assert metric(client, 'training_window_evicted_samples_total{reason="stale"}') == 4
+        assert client.get("/status").json()["intake"]["stale_samples_discarded"] == 4

@@ -54,6 +54,15 @@ def test_retrain_publishes_and_replicas_can_pull_and_verify_over_http(tmp_path: 
         assert client.get("/models/versions/999999-none/manifest.json").status_code == 404
         assert client.get(f"/models/versions/{manifest.version}/nope.ubj").status_code == 404
         assert client.get(f"/models/versions/{manifest.version}/.hidden").status_code == 404
+        # A NUL byte or a traversal in a store path is a clean 404, not a 500.
+        assert client.get(f"/models/versions/{manifest.version}%00/manifest.json").status_code == 404
+        assert client.get(f"/models/versions/{manifest.version}/ttft.ubj%00").status_code == 404
+        assert client.get("/models/versions/..%2F..%2Fetc/passwd").status_code == 404
+        # The cheap poll: If-None-Match with the current ETag is a bodiless 304.
+        etag = raw_manifest.headers["etag"]
+        unchanged = client.get("/models/current", headers={"If-None-Match": etag})
+        assert unchanged.status_code == 304 and unchanged.content == b""
+        assert client.get("/models/current", headers={"If-None-Match": '"other"'}).status_code == 200
 
         status = client.get("/status").json()
         assert status["is_prior"] is False and status["current_version"] == manifest.version

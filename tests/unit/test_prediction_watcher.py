@@ -14,9 +14,8 @@ import pytest
 from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
 from prediction_server.predictor import BUILTIN_PRIOR_VERSION
-from prediction_server.store_sources import parse_manifest
 from prediction_server.store_watcher import STARTUP_STORE_BUDGET_S, StoreWatcher
-from shared.artifacts import ModelStore
+from shared.artifacts import Manifest, ModelStore
 from shared.metrics import new_registry
 from tests.prediction_support import (
     point_current,
@@ -189,10 +188,10 @@ def test_manifests_with_extra_fields_or_wrapped_are_accepted_bad_names_are_not(t
     store = ModelStore(tmp_path / "store")
     manifest = publish_trained(store, seed=1)
     data = orjson.loads(manifest.to_json())
-    assert parse_manifest(orjson.dumps({**data, "added_later": 1})) == manifest
-    assert parse_manifest(orjson.dumps({"version": manifest.version, "manifest": data})) == manifest
+    assert Manifest.from_json(orjson.dumps({**data, "added_later": 1})) == manifest
+    assert Manifest.from_json(orjson.dumps({"version": manifest.version, "manifest": data})) == manifest
     with pytest.raises(Exception, match="bad version name"):
-        parse_manifest(orjson.dumps({**data, "version": "../escape"}))
+        Manifest.from_json(orjson.dumps({**data, "version": "../escape"}))
 
 
 async def test_a_store_that_never_answers_does_not_hold_up_readiness() -> None:
