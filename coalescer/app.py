@@ -31,7 +31,7 @@ from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.client import bearer_header_lines, bearer_headers
 from shared.errors import ServiceError
-from shared.http import install_error_handlers
+from shared.http import docs_routes, install_error_handlers
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
         title="coalescer",
         description="Batches scheduler prediction calls to prediction replicas; relays training samples.",
         lifespan=lambda _app: _lifespan(rt),
+        **docs_routes(settings.expose_internals),
     )
     app.state.runtime = rt
 

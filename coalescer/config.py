@@ -6,23 +6,19 @@ checked here, so a bad configuration fails at start with a message naming the se
 
 from __future__ import annotations
 
-from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings
 
-from shared.config import CommaList, settings_config
+from shared.config import CommaList, ServiceSettings, settings_config
 from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
-from shared.slow_clients import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
 
 
-class CoalescerSettings(BaseSettings):
+class CoalescerSettings(ServiceSettings):
     """The scheduler's front door: batches prediction calls to replicas and relays training samples."""
 
     model_config = settings_config("COALESCER_")
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default)")
     port: int = Field(default=8080, ge=1, le=65535, description="TCP port to listen on")
     prediction_urls: CommaList = Field(
         default_factory=list,
@@ -148,30 +144,18 @@ class CoalescerSettings(BaseSettings):
     )
     auth_token: SecretStr | None = Field(
         default=None,
-        description="When set, /reload requires 'Authorization: Bearer <token>' (and /add_training_data_bulk "
-        "too with --token-protects-ingest); the token is also sent to replicas and the training server",
+        description="When set (or --auth-token-file), /reload requires 'Authorization: Bearer <token>' (and "
+        "/add_training_data_bulk too with --token-protects-ingest); the token is also sent to replicas and "
+        "the training server",
     )
     token_protects_ingest: bool = Field(
         default=False,
         description="Also require the token on /add_training_data_bulk (needs a token-aware sender; the "
         "llm-d Go client sends none)",
     )
-    header_timeout_s: float = Field(
-        default=HEADER_TIMEOUT_S,
-        gt=0,
-        description="A request's line and headers must arrive within this many seconds, else the "
-        "connection is closed (slow clients)",
-    )
-    body_timeout_s: float = Field(
-        default=BODY_TIMEOUT_S,
-        gt=0,
-        description="A request's body must arrive within this many seconds of its headers, else the "
-        "connection is closed (slow clients)",
-    )
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
 
     @field_validator("prediction_urls")
     @classmethod
@@ -208,10 +192,6 @@ class CoalescerSettings(BaseSettings):
     @property
     def batch_window_s(self) -> float:
         return self.batch_window_us / 1e6
-
-    @property
-    def token(self) -> str | None:
-        return self.auth_token.get_secret_value() if self.auth_token else None
 
 
 def check_base_url(url: str) -> None:

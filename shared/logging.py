@@ -9,6 +9,7 @@ import asyncio
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -36,9 +37,14 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def configure_logging(service: str, level: str = "info") -> None:
-    """Send every logger's records to stderr as JSON lines tagged with ``service``."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(service: str, level: str = "info", path: Path | None = None) -> None:
+    """Send every logger's records to stderr (or append them to ``path``) as JSON lines tagged
+    with ``service``."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stderr) if path is None else logging.FileHandler(path, encoding="utf-8")
+    )
     handler.setFormatter(_JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -8,20 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, model_validator
 
-from shared.config import settings_config
+from shared.config import ServiceSettings, settings_config
 from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
 
 
-class TrainingSettings(BaseSettings):
+class TrainingSettings(ServiceSettings):
     """Training server: ingests samples, keeps a stratified window, retrains and publishes models."""
 
     model_config = settings_config("TRAINING_SERVER_")
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default).")
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     data_dir: Path = Field(
         default=Path("./var/training"),
         description="Directory for the persisted window (and the store by default).",
@@ -32,9 +29,6 @@ class TrainingSettings(BaseSettings):
     )
     objective: Literal["quantile", "mean"] = Field(
         default="quantile", description="'quantile' (pinball loss at --quantile) or 'mean' (squared error)."
-    )
-    auth_token: SecretStr | None = Field(
-        default=None, description="If set, /flush and /retrain require 'Authorization: Bearer <token>'."
     )
     token_protects_ingest: bool = Field(
         default=False,
@@ -219,7 +213,6 @@ class TrainingSettings(BaseSettings):
         description="Seed bundle (from GET /model/export) a fresh server publishes instead of the prior; "
         "ignored, with a log line, when the store already has trained versions.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingSettings:
@@ -240,6 +233,3 @@ class TrainingSettings(BaseSettings):
     @property
     def journal_dir(self) -> Path:
         return self.data_dir / "journal"
-
-    def token(self) -> str | None:
-        return self.auth_token.get_secret_value() if self.auth_token is not None else None
