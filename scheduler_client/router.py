@@ -12,6 +12,7 @@ go in ONE bulk prediction call, and the answer is split back into the two.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from scheduler_client.client import LatencyClient
 from scheduler_client.fallback import Mode
@@ -19,8 +20,14 @@ from scheduler_client.heuristics import Policy
 from scheduler_client.types import Decision, Prediction, RoutingRequest, Row
 
 
+class PredictionSource(Protocol):
+    """What ``decide`` needs: ``LatencyClient.predict_for_routing`` (``None`` = use the fallback)."""
+
+    async def predict_for_routing(self, rows: Sequence[Row]) -> list[Prediction] | None: ...
+
+
 async def decide(
-    client: LatencyClient, policy: Policy, request: RoutingRequest, rows: Sequence[Row]
+    client: PredictionSource, policy: Policy, request: RoutingRequest, rows: Sequence[Row]
 ) -> tuple[Decision, list[Prediction] | None]:
     """The policy's decision and the candidates' predictions (``None``: none asked, or fallback)."""
     if not policy.uses_predictions:

@@ -6,6 +6,7 @@ The decisions here come from constructed predictions (the policy is a pure funct
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from scheduler_client import (
     default_policy,
     with_request,
 )
-from scheduler_client.recommended import AFFINITY_THRESHOLD, HARM_WEIGHT
+from scheduler_client.recommended import ADMISSION_SLACK, AFFINITY_THRESHOLD, HARM_WEIGHT
 
 BATCH = RoutingRequest(ttft_slo_ms=2000.0, tpot_slo_ms=60.0)
 
@@ -93,3 +94,16 @@ def test_default_policy_is_the_documented_shape() -> None:
     own = [Prediction(100.0, 20.0)] * 3
     first = [default_policy(seed=5).choose(BATCH, rows, own, own).pod for _ in range(1)]
     assert first == [default_policy(seed=5).choose(BATCH, rows, own, own).pod]
+
+
+def test_the_readme_documents_default_policy_as_it_is() -> None:
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
+    assert f"affinity (score >= {AFFINITY_THRESHOLD:.2f})" in readme
+    assert f"harm weight {HARM_WEIGHT:g} x the predicted TPOT harm" in readme
+    assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
+    policy = default_policy()
+    assert isinstance(policy, PrefixAffinity) and policy.epsilon == 0.05 and "5% exploration" in readme
+    assert policy.ttft_margin_ms == 50.0 and "within max(50 ms, 25%) of the best pod" in readme
+    shedding = default_policy(admission=True)
+    assert isinstance(shedding, Admission) and shedding.slack_frac == ADMISSION_SLACK
