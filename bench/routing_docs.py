@@ -82,9 +82,21 @@ HISTORY = """## History of this benchmark
   from the "sacrifice" rule, which wrecks the TTFT tail. Those policies are still in
   `bench/routing_setup.py` (`--all-policies` evaluates slo-spread, prefix-affinity and
   slo-spread+admission too).
-- This version evaluates the recommended policy (`scheduler_client.default_policy`, with the
-  placement-cost term) on three evaluation seeds, with shorter runs so that a full run fits in
-  the time a shared 2-core machine allows.
+- This version evaluates the recommended policy (`scheduler_client.default_policy`) on three
+  evaluation seeds, with shorter runs (4000 requests) so that a full run fits in the time a
+  shared 2-core machine allows; the predictions come from the frozen model evaluated in process
+  (the prediction server's code), which made the run about 4x cheaper than over HTTP.
+- The placement-cost term (`PlacementCost`) was built for this version. On the validation seeds
+  its harm weight made things slightly worse at every weight tried (0.1, 0.3, 1; see "How the
+  settings were chosen"), so `default_policy` ships with weight 0. Why, as far as we can tell:
+  the TPOT model's answer to "one more running request and this prompt in flight" is a step of
+  a tree ensemble, often 0 or even negative for a single added request, so the harm estimate is
+  noisy per decision; where it is not, it mostly repeats what the queue-depth term of the
+  composite score already does.
+- Also tried on validation seed 2002 only (4000 requests, high and bursty loads): the
+  recommended shape plus 0.2 or 0.5 x the composite score as an extra term. Against composite
+  alone: chat high -0.1 / +0.7, chat bursty +1.5 / +0.4, prefix-heavy high +0.1 / -0.3,
+  prefix-heavy bursty -0.7 / -1.9 points (beta 0.5 / 0.2): ties within the noise, not evaluated.
 """
 
 

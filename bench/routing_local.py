@@ -32,6 +32,10 @@ class StorePredictions:
         self.last_error: str | None = None
 
     async def predict_for_routing(self, rows: Sequence[Row]) -> list[Prediction] | None:
+        return self.predict_now(rows)
+
+    def predict_now(self, rows: Sequence[Row]) -> list[Prediction]:
+        """One prediction per row, in row order (validation, features, forests: the server's path)."""
         ttft, tpot = self.predictor.predict(build_features(parse_rows(list(rows))))
         version = self.version
         return [Prediction(a, b, version) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]

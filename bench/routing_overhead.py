@@ -12,7 +12,10 @@ same simulated pod states, alternating, decision by decision, between
 - today's call: ``SloHeadroom("spread")``, 8 rows per call;
 - the recommended ``default_policy()``: 8 candidate rows + 8 "with this request" rows.
 
-Prints p50/p90/p99 of each and of the difference.
+Prints p50/p90/p99 of each and of the difference, in wall time over HTTP, and in CPU time
+(``time.thread_time``) of the same decisions computed in process by the prediction server's
+code (validation, features, forests) plus the policy: on a busy shared machine the wall
+times are dominated by waiting for a core, the CPU times are what the extra rows cost.
 """
 
 from __future__ import annotations
@@ -22,25 +25,49 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bench.routing_compare import _retrain, _route_and_feed
+from bench.routing_local import StorePredictions
 from bench.routing_setup import HEURISTICS, scenarios
 from bench.routing_sim import with_slos
-from scheduler_client import ClientConfig, LatencyClient, Policy, SloHeadroom, decide, default_policy
+from scheduler_client import (
+    ClientConfig,
+    LatencyClient,
+    Policy,
+    RoutingRequest,
+    SloHeadroom,
+    decide,
+    default_policy,
+)
 from stack.simulator import Cluster
 from tests.procs import start_service
 
 
-async def _time(prediction_url: str, decisions: int, seed: int) -> dict[str, list[float]]:
+def _cpu_ms(
+    source: StorePredictions, policy: Policy, routing: RoutingRequest, rows: list[dict[str, Any]]
+) -> float:
+    """CPU time of one decision computed in process: all rows predicted in one call, then the choice."""
+    started = time.thread_time()
+    extra = policy.extra_rows(routing, rows)
+    predictions = source.predict_now([*rows, *extra])
+    n = len(rows)
+    policy.choose(routing, rows, predictions[:n], predictions[n:] if extra else None)
+    return (time.thread_time() - started) * 1e3
+
+
+async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> dict[str, list[float]]:
     (scenario,) = [s for s in scenarios(seed, decisions) if s.name == "chat / high"]
     cluster = Cluster(8, seed=seed)
     policies: dict[str, Policy] = {
         "today (8 rows)": SloHeadroom("spread"),
-        "recommended (16 rows)": default_policy(),
+        "placement cost (16 rows)": default_policy(harm_weight=1.0),
     }
     times: dict[str, list[float]] = {name: [] for name in policies}
+    times.update({f"{name}, CPU in process": [] for name in policies})
+    source = StorePredictions(store)
     async with LatencyClient(prediction_url, config=ClientConfig(predict_timeout_s=5.0)) as client:
         for i, (req, routing) in enumerate(with_slos(scenario.requests(), seed)):
             cluster.advance_to(req.arrival_s)
@@ -54,7 +81,8 @@ async def _time(prediction_url: str, decisions: int, seed: int) -> dict[str, lis
                 if predictions is None:
                     raise RuntimeError(f"prediction failed: {client.last_error}")
                 pod = decision.pod if decision.pod is not None else pod
-            cluster.route(req, pod)  # the recommended policy's choice (it runs last or first alternately)
+                times[f"{name}, CPU in process"].append(_cpu_ms(source, policy, routing, rows))
+            cluster.route(req, pod)  # the placement-cost policy's choice
     return times
 
 
@@ -82,14 +110,15 @@ def main() -> None:
                 ]
                 asyncio.run(_route_and_feed(prediction.url, training.url, runs))
                 _retrain(training, prediction)
-                times = asyncio.run(_time(prediction.url, args.decisions, args.seed))
+                times = asyncio.run(_time(prediction.url, data / "models", args.decisions, args.seed))
     names = list(times)
-    diff = np.array(times[names[1]]) - np.array(times[names[0]])
-    for name, values in [*times.items(), ("difference (per decision)", diff.tolist())]:
-        p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
-        print(f"{name:>28}: p50 {p50:6.2f} ms  p90 {p90:6.2f} ms  p99 {p99:6.2f} ms  (n={len(values)})")
-    p99s = [float(np.percentile(times[n], 99)) for n in names]
-    print(f"p99 added by the placement rows: {p99s[1] - p99s[0]:+.2f} ms")
+    for a, b, label in ((0, 1, "wall, HTTP"), (2, 3, "CPU, in process")):
+        diff = np.array(times[names[b]]) - np.array(times[names[a]])
+        for name, values in [(names[a], times[names[a]]), (names[b], times[names[b]]), ("difference", diff)]:
+            p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
+            print(f"{name:>42}: p50 {p50:7.3f} ms  p90 {p90:7.3f} ms  p99 {p99:7.3f} ms  (n={len(values)})")
+        p99a, p99b = (float(np.percentile(times[names[i]], 99)) for i in (a, b))
+        print(f"{label}: p99 added by the placement rows {p99b - p99a:+.3f} ms")
 
 
 if __name__ == "__main__":

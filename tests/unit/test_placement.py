@@ -87,6 +87,7 @@ def test_default_policy_is_the_documented_shape() -> None:
     assert isinstance(policy, PrefixAffinity) and policy.threshold == AFFINITY_THRESHOLD == 0.8
     assert policy.epsilon == 0.05 and policy.ttft_margin_ms == 50.0 and policy.ttft_margin_frac == 0.25
     assert isinstance(policy.base, PlacementCost) and policy.base.harm_weight == HARM_WEIGHT
+    assert default_policy(harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
     shedding = default_policy(admission=True)
     assert isinstance(shedding, Admission) and isinstance(shedding.inner, PrefixAffinity)
     # Reproducible from the seed: the same draws give the same decisions.
@@ -100,7 +101,8 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
     assert f"affinity (score >= {AFFINITY_THRESHOLD:.2f})" in readme
-    assert f"harm weight {HARM_WEIGHT:g} x the predicted TPOT harm" in readme
+    assert f"with harm weight {HARM_WEIGHT:g}, i.e. off" in readme and HARM_WEIGHT == 0
+    assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # off: no extra rows are sent
     assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
     policy = default_policy()
     assert isinstance(policy, PrefixAffinity) and policy.epsilon == 0.05 and "5% exploration" in readme
