@@ -68,7 +68,7 @@ DESCRIPTIONS = {
     RECOMMENDED: "`scheduler_client.default_policy()`: prefix affinity (score >= 0.8) gated by predicted "
     "TTFT (within max(50 ms, 25%) of the best pod), 5% exploration; among the pods kept, own SLO "
     "headroom + harm weight x predicted TPOT harm to the pod's running and waiting requests "
-    "(extra rows in the same bulk call)",
+    "(extra rows in the same bulk call; the harm weight is chosen on the validation seeds, below)",
     "slo-spread+admission": "slo-spread; a sheddable request is rejected when every pod's predicted TTFT "
     "or TPOT exceeds its SLO by more than 25%",
     RECOMMENDED_ADMISSION: "`default_policy(admission=True)`: the recommended policy with the same "
