@@ -25,6 +25,7 @@ from coalescer.config import CoalescerSettings
 from coalescer.metrics import CoalescerMetrics, ReplicaCollector, create_metrics, gauge_from
 from coalescer.predict import ASGIApp, PredictionEndpoints
 from coalescer.relay import AimdRate, SampleRelay
+from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.errors import ServiceError
 from shared.http import install_error_handlers
@@ -44,6 +45,7 @@ class Runtime:
     pool: ReplicaPool | None = None
     batcher: Batcher | None = None
     relay: SampleRelay | None = None
+    training: TrainingProxy | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -153,6 +155,14 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
             timeout_s=s.relay_timeout_s,
             token=token,
         )
+    if s.training_url:
+        rt.training = TrainingProxy(
+            s.training_url,
+            ttl_s=s.training_cache_s,
+            max_bytes=s.training_cache_max_bytes,
+            timeout_s=s.training_timeout_s,
+            token=token,
+        )
     _register_gauges(rt)
     rt.spawn(pool.run_prober(s.probe_interval_s), "prober")
     if s.prediction_dns:
@@ -179,6 +189,8 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
         if rt.relay is not None:
             await rt.relay.drain(s.relay_drain_s)
         await pool.close()
+        if rt.training is not None:
+            await rt.training.close()
         await rt.http.aclose()
         log_event(log, "coalescer_stopped")
 

@@ -120,6 +120,21 @@ class CoalescerSettings(BaseSettings):
     relay_drain_s: float = Field(
         default=5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
     )
+    training_cache_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="How long the training server's read-only answers (/model/download/info, tree dumps, "
+        "/models/list, /model/{name}/info) are cached, seconds",
+    )
+    training_cache_max_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        description="Bound on the bytes of cached training-server answers (larger answers are not cached)",
+    )
+    training_timeout_s: float = Field(
+        default=5.0, gt=0, description="Timeout of one read from the training server, seconds"
+    )
     auth_token: SecretStr | None = Field(
         default=None,
         description="When set, /reload requires 'Authorization: Bearer <token>' (and /add_training_data_bulk "

@@ -26,7 +26,7 @@ from coalescer.batcher import Batcher, ClientDisconnected, Ticket
 from shared.errors import InvalidInput, PayloadTooLarge, ServiceError
 from shared.http import error_body
 from shared.logging import log_event
-from shared.schemas import loads, parse_row, parse_rows, require_list, rows_valid
+from shared.schemas import loads, parse_all_rows, parse_row, parse_rows, require_list, rows_valid
 
 log = logging.getLogger(__name__)
 
@@ -150,27 +150,28 @@ class PredictionEndpoints:
         return (await self._predict([row], call))[0]
 
     async def _bulk(self, body: bytes, call: _Call) -> Any:
+        """As the prediction server: a whole-body 422 naming every bad item and field when any
+        item is invalid; otherwise every item answered (a ``null`` only for an item the replica
+        could not predict, with its entry in ``errors``)."""
         batcher = self._batcher()
         batcher.check_admission(1, call.deadline)
         items = require_list(loads(body), "requests")
         batcher.check_admission(len(items), call.deadline)
-        invalid = invalid_items(items)
-        valid = [i for i in range(len(items)) if i not in invalid]
-        predictions: list[Any] = [None] * len(items)
-        if valid:
-            answered = await self._predict([items[i] for i in valid], call)
-            for i, prediction in zip(valid, answered, strict=True):
-                predictions[i] = prediction
+        if not rows_valid(items):
+            await parse_all_rows(items)  # raises the precise, complete 422
+        predictions = await self._predict(items, call)
+        errors = [
+            {"index": i, "error": "the model gave no prediction", "request": items[i]}
+            for i, prediction in enumerate(predictions)
+            if prediction is None
+        ]
         return {
             "predictions": predictions,
             "total_requests": len(items),
-            "successful_predictions": len(valid),
-            "failed_predictions": len(invalid),
+            "successful_predictions": len(items) - len(errors),
+            "failed_predictions": len(errors),
             "processing_time_ms": (time.monotonic() - call.started) * 1000.0,
-            "errors": [
-                {"index": i, "error": _describe(errors), "request": items[i], "detail": errors}
-                for i, errors in sorted(invalid.items())
-            ],
+            "errors": errors,
         }
 
     async def _predict(self, rows: list[Any], call: _Call) -> list[Any]:
@@ -241,31 +242,3 @@ def _deadline_header_s(value: bytes) -> float:
             ]
         )
     return ms / 1000.0
-
-
-def invalid_items(items: list[Any]) -> dict[int, list[dict[str, Any]]]:
-    """Index -> error items of every invalid row, found by bisection (a valid half costs one check).
-
-    Error items are located at ``body.requests.<index>.<field>``, as the prediction server does.
-    """
-    invalid: dict[int, list[dict[str, Any]]] = {}
-
-    def check(lo: int, hi: int) -> None:
-        if rows_valid(items[lo:hi]):
-            return
-        if hi - lo > 1:
-            mid = (lo + hi) // 2
-            check(lo, mid)
-            check(mid, hi)
-            return
-        try:
-            parse_rows(items[lo:hi], loc=())
-        except InvalidInput as exc:
-            invalid[lo] = [{**e, "loc": ["body", "requests", lo, *e["loc"][1:]]} for e in exc.errors]
-
-    check(0, len(items))
-    return invalid
-
-
-def _describe(errors: list[dict[str, Any]]) -> str:
-    return "; ".join(f"{e['loc'][3]}: {e['msg']}" if len(e["loc"]) > 3 else str(e["msg"]) for e in errors)

@@ -1,5 +1,6 @@
-"""HTTP endpoints besides the prediction hot path: status, health, readiness, reload, metrics and
-the sample relay's ``POST /add_training_data_bulk`` (wire-contract section 3 semantics).
+"""HTTP endpoints besides the prediction hot path: status, health, readiness, reload, metrics,
+``GET /``, the sample relay's ``POST /add_training_data_bulk`` (wire-contract section 3
+semantics) and the training server's read-only endpoints (``coalescer.training_proxy``).
 
 ``/status`` aggregates the replicas' own status (ready when any replica is) and adds the
 coalescer's numbers; ``/reload`` fans out to every replica. The prediction endpoints themselves
@@ -9,19 +10,24 @@ are raw ASGI handlers in ``coalescer.predict``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from coalescer.app import Runtime
 from coalescer.predict import ASGIApp
-from shared.errors import UpstreamUnavailable
+from coalescer.training_proxy import PROXIED_PATHS, TrainingServerUnavailable
+from shared.artifacts import LISTED_MODEL_NAMES, MODEL_NAMES
+from shared.errors import NotFound, ServiceError, UpstreamUnavailable
 from shared.http import check_token, json_response, read_body
+from shared.identity import root_body
 from shared.metrics import metrics_response
 from shared.schemas import loads, parse_training_entries, require_list
 
@@ -63,7 +69,43 @@ def build_routes(rt: Runtime, prediction_handlers: dict[str, ASGIApp]) -> list[B
         results = await _fan_out(rt, "POST", "/reload")
         if not any(r["ok"] for r in results):
             raise UpstreamUnavailable("no prediction replica reloaded")
-        return json_response({"message": "Reload requested from every replica", "replicas": results})
+        # The /status body after the reload: clients poll is_ready here (wire-contract 2).
+        return json_response(
+            {**await _status(rt), "message": "Reload requested from every replica", "replicas": results}
+        )
+
+    async def root(request: Request) -> Response:
+        pool = rt.pool
+        training: Any = None
+        if rt.training is not None:
+            with contextlib.suppress(ServiceError, ValueError):
+                answer, _ = await rt.training.get("/")
+                training = orjson.loads(answer.body) if answer.status_code == 200 else None
+        return json_response(
+            root_body(
+                "coalescer",
+                is_ready=bool(pool and pool.healthy_count),
+                objective_type=training.get("objective_type") if isinstance(training, dict) else None,
+                quantile=training.get("quantile") if isinstance(training, dict) else None,
+                healthy_replicas=pool.healthy_count if pool else 0,
+                replicas=len(pool.replicas) if pool else 0,
+                training_server_url=s.training_url,
+                training_server=training,
+                endpoints=list(prediction_handlers) + [path for path, _, _ in endpoints],
+            )
+        )
+
+    async def training_read(request: Request) -> Response:
+        """One of the training server's read-only endpoints, from the proxy's brief cache."""
+        name = request.path_params.get("name")
+        if name is not None:
+            known = MODEL_NAMES if request.url.path.endswith("/xgb/json") else LISTED_MODEL_NAMES
+            if name not in known:
+                raise NotFound(f"Unknown model {name!r}; expected one of {list(known)}")
+        if rt.training is None:
+            raise TrainingServerUnavailable("no training server configured (--training-url)")
+        answer, how = await rt.training.get(request.url.path)
+        return Response(answer.body, answer.status_code, headers={**answer.headers, "X-Cache": how})
 
     async def metrics(request: Request) -> Response:
         return metrics_response(rt.metrics.registry)
@@ -75,6 +117,8 @@ def build_routes(rt: Runtime, prediction_handlers: dict[str, ASGIApp]) -> list[B
         ("/readyz", readyz, "GET"),
         ("/reload", reload, "POST"),
         ("/metrics", metrics, "GET"),
+        ("/", root, "GET"),
+        *((path, training_read, "GET") for path in PROXIED_PATHS),
     ]
     # The prediction handlers are raw ASGI apps; the app calls them before its middleware, and
     # these routes make them answer 405 (not 404) to other methods.

@@ -30,10 +30,10 @@ from shared.artifacts import (
 )
 from shared.errors import ArtifactError
 from shared.features import build_features
+from shared.identity import MODEL_TYPE
 from shared.prior import build_prior_models, synthetic_columns
 
 BUILTIN_PRIOR_VERSION = "builtin-prior"
-MODEL_TYPE = "xgboost"
 PROBE_SEED = 7
 PROBE_ROWS = 256
 

@@ -11,7 +11,6 @@ new version is swapped in meanwhile.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Sequence
@@ -26,22 +25,27 @@ from starlette.routing import Route
 
 from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
-from prediction_server.predictor import MODEL_TYPE, Predictor
+from prediction_server.predictor import Predictor
 from prediction_server.store_watcher import StoreWatcher
 from shared.artifacts import MODEL_NAMES
 from shared.errors import InvalidInput, ModelsNotReady
 from shared.features import FEATURE_VERSION, build_features
 from shared.http import check_token, json_response, read_body
+from shared.identity import MODEL_TYPE, root_body
 from shared.metrics import metrics_response
-from shared.schemas import MAX_BULK_ROWS, Columns, loads, parse_row, parse_rows, require_list
+from shared.schemas import (
+    MAX_BULK_ROWS,
+    loads,
+    parse_all_rows,
+    parse_row,
+    parse_rows,
+    require_list,
+    valid_columns,
+)
 
 # Any row without this key is invalid, so a body holding it more often than the row limit
 # cannot be a valid request: refuse it without parsing it.
 _ROW_MARKER = b'"input_token_length"'
-# Rows of a failing /predict/bulk body re-validated inline; above this, in a worker thread so
-# that a large malformed body does not stall the other calls of this process.
-_INLINE_PARTITION_ROWS = 256
-_ALL_ERRORS = 2**31  # bounded in practice by rows x fields: the body is already size-limited
 
 
 class PredictionApi:
@@ -65,6 +69,7 @@ class PredictionApi:
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/reload", self.reload, methods=["POST"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+            Route("/", self.root, methods=["GET"]),
         ]
 
     # -- predictions -------------------------------------------------------------------------
@@ -100,23 +105,20 @@ class PredictionApi:
     async def _lenient(
         self, predictor: Predictor, rows: list[Any]
     ) -> tuple[list[dict[str, Any] | None], list[dict[str, Any]]]:
-        """Predictions with ``None`` for invalid rows, and one error item per invalid row."""
-        try:
-            columns = parse_rows(rows)
-        except InvalidInput:
-            pass  # validated again below, row by row where needed
-        else:
-            ttft, tpot = predictor.predict(build_features(columns))
-            return list(_predictions(predictor, ttft, tpot)), []
-        if len(rows) <= _INLINE_PARTITION_ROWS:
-            good, valid, errors = partition_rows(rows)
-        else:
-            good, valid, errors = await asyncio.to_thread(partition_rows, rows)
-        predictions: list[dict[str, Any] | None] = [None] * len(rows)
-        if valid is not None:
-            ttft, tpot = predictor.predict(build_features(valid))
-            for index, prediction in zip(good, _predictions(predictor, ttft, tpot), strict=True):
-                predictions[index] = prediction
+        """Every row valid: predictions, ``None`` (with an error item) for a row that was valid but
+        could not be predicted (a non-finite model output). Any invalid row: the whole-body 422
+        of ``parse_rows``, naming every bad row and field (as the llm-d predictor does)."""
+        columns = valid_columns(rows)
+        if columns is None:  # invalid: the full 422, explained off the event loop when large
+            columns = await parse_all_rows(rows)
+        ttft, tpot = predictor.predict(build_features(columns))
+        predictions: list[dict[str, Any] | None] = list(_predictions(predictor, ttft, tpot))
+        unpredictable = np.flatnonzero(~(np.isfinite(ttft) & np.isfinite(tpot))).tolist()
+        errors = []
+        for index in unpredictable:
+            predictions[index] = None
+            error = "the model gave no finite prediction"
+            errors.append({"index": index, "error": error, "request": rows[index]})
         return predictions, errors
 
     async def predict(self, request: Request) -> Response:
@@ -156,6 +158,9 @@ class PredictionApi:
     # -- service endpoints ---------------------------------------------------------------------
 
     async def status(self, request: Request) -> Response:
+        return json_response(self._status())
+
+    def _status(self) -> dict[str, Any]:
         predictor = self.watcher.current
         ready = predictor is not None
         body: dict[str, Any] = {
@@ -180,7 +185,7 @@ class PredictionApi:
             "poll_interval_s": self.settings.poll_interval_s,
             "worker_pid": os.getpid(),
         }
-        return json_response(body)
+        return body
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
@@ -194,18 +199,24 @@ class PredictionApi:
         )
 
     async def reload(self, request: Request) -> Response:
+        """Re-read the store now; the body is ``/status`` (clients poll ``is_ready``) plus ``changed``."""
         check_token(request, self.settings.token)
         changed = await self.watcher.reload()
+        return json_response({"status": "ok", "changed": changed, **self._status()})
+
+    async def root(self, request: Request) -> Response:
         predictor = self.watcher.current
         return json_response(
-            {
-                "status": "ok",
-                "changed": changed,
-                "model_version": predictor.version if predictor else None,
-                "store_reachable": self.watcher.store_reachable,
-                "refused_versions": dict(self.watcher.refused),
-                "worker_pid": os.getpid(),
-            }
+            root_body(
+                "prediction_server",
+                is_ready=predictor is not None,
+                objective_type=predictor.objective_type if predictor else "quantile",
+                quantile=predictor.quantile if predictor else self.settings.quantile,
+                model_version=predictor.version if predictor else None,
+                model_kind=predictor.kind if predictor else None,
+                last_model_load=predictor.last_model_load if predictor else None,
+                endpoints=[r.path for r in self.routes()],
+            )
         )
 
     async def metrics_endpoint(self, request: Request) -> Response:
@@ -240,43 +251,3 @@ def _bulk_body(
         }
         | ({} if errors is None else {"errors": errors})
     )
-
-
-def partition_rows(rows: Sequence[Any]) -> tuple[list[int], Columns | None, list[dict[str, Any]]]:
-    """Split a bulk body into its valid rows (indices and columns) and one error item per invalid row.
-
-    Only called when the body as a whole failed validation. Each pass is one vectorised
-    validation of the remaining rows that reports every error; it ends after at most three
-    passes (rows that are not objects are reported before any field is looked at).
-    """
-    pending = list(range(len(rows)))
-    problems: dict[int, list[dict[str, Any]]] = {}
-    columns: Columns | None = None
-    while pending:
-        try:
-            columns = parse_rows([rows[i] for i in pending], loc=(), max_errors=_ALL_ERRORS)
-            break
-        except InvalidInput as exc:
-            for error in exc.errors:
-                index = pending[error["loc"][0]]
-                problems.setdefault(index, []).append(_relocate(error, index))
-            pending = [i for i in pending if i not in problems]
-    errors = [
-        {
-            "index": index,
-            "error": "; ".join(_describe(e) for e in problems[index]),
-            "request": rows[index],
-            "detail": problems[index],
-        }
-        for index in sorted(problems)
-    ]
-    return pending, columns, errors
-
-
-def _relocate(error: dict[str, Any], index: int) -> dict[str, Any]:
-    return {**error, "loc": ["body", "requests", index, *error["loc"][1:]]}
-
-
-def _describe(error: dict[str, Any]) -> str:
-    loc = error["loc"]
-    return f"{loc[3]}: {error['msg']}" if len(loc) > 3 else str(error["msg"])

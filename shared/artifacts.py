@@ -29,6 +29,9 @@ from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, FEATURE_VERSION
 
 MODEL_NAMES: tuple[str, ...] = ("ttft", "tpot")
+# The names the llm-d operator API lists (wire-contract 5); we serve no gated models, so the
+# gated ones are always listed as absent.
+LISTED_MODEL_NAMES: tuple[str, ...] = (*MODEL_NAMES, *(f"{name}_gated" for name in MODEL_NAMES))
 MANIFEST_FILE = "manifest.json"
 CURRENT_FILE = "CURRENT"
 VERSIONS_DIR = "versions"

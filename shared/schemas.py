@@ -9,6 +9,7 @@ field, so a caller learns exactly what to fix.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from shared.errors import InvalidInput
 
 MAX_BULK_ROWS = 10_000
 MAX_REPORTED_ERRORS = 20
+# Rows of a failing body explained on the event loop; beyond this, in a worker thread.
+INLINE_EXPLAIN_ROWS = 256
 # Generous but finite: keeps every feature exactly representable after float32 conversion
 # of the derived features and rejects garbage such as 1e300 tokens.
 MAX_COUNT = 2**31 - 1
@@ -133,27 +136,51 @@ def parse_rows(
     loc: Sequence[str | int] = ("body", "requests"),
     fields: Sequence[FieldSpec] = ROW_FIELDS,
     *,
-    max_errors: int = MAX_REPORTED_ERRORS,
+    max_errors: int | None = MAX_REPORTED_ERRORS,
 ) -> Columns:
     """Validate feature rows and return them as columns, or raise ``InvalidInput``.
 
     ``loc`` prefixes each error location; the row index and the field name follow it.
     Unknown fields are ignored. Optional fields that are absent or ``null`` take their default.
-    The exception lists at most ``max_errors`` items (and counts all of them).
+    The exception lists at most ``max_errors`` items (``None``: every one) and counts all of
+    them; rows that are not objects are reported along with the field errors of the others.
+    This is the one explanation of bad rows: ``/predict/bulk`` of the prediction server and of
+    the coalescer answer their whole-body 422 with it.
     """
     errors = _Errors(max_errors)
     not_objects = [i for i, row in enumerate(rows) if type(row) is not dict]
+    if not not_objects:
+        columns = _parse_valid_fast(rows, fields)
+        if columns is not None:
+            return columns
+    # Something is wrong: redo it field by field to say exactly what.
+    objects = [i for i, row in enumerate(rows) if type(row) is dict] if not_objects else None
+    checked = rows if objects is None else [rows[i] for i in objects]
     for i in not_objects:
         errors.add("dict_type", [*loc, i], "Input should be a valid dictionary", rows[i])
-    if not_objects:
-        errors.raise_if_any()
-    columns = _parse_valid_fast(rows, fields)
-    if columns is not None:
-        return columns
-    # Something is wrong: redo it field by field to say exactly what.
-    columns = {spec.name: _parse_column(rows, spec, loc, errors) for spec in fields}
+    columns = {spec.name: _parse_column(checked, spec, loc, errors, indices=objects) for spec in fields}
     errors.raise_if_any()
     return columns
+
+
+def valid_columns(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) -> Columns | None:
+    """The columns of ``rows`` if every row is valid, else ``None`` at the cost of the fast check
+    only: no explanation is built (``parse_rows`` or ``parse_all_rows`` give it)."""
+    if any(type(row) is not dict for row in rows):
+        return None
+    return _parse_valid_fast(rows, fields)
+
+
+async def parse_all_rows(rows: Sequence[Any], *, inline_rows: int = INLINE_EXPLAIN_ROWS) -> Columns:
+    """``parse_rows`` reporting every bad row and field: the whole-body 422 of ``/predict/bulk`` on
+    the prediction server and on the coalescer.
+
+    A body of more than ``inline_rows`` rows is validated in a worker thread, so that one large
+    malformed body does not stall the other calls on the event loop.
+    """
+    if len(rows) <= inline_rows:
+        return parse_rows(rows, max_errors=None)
+    return await asyncio.to_thread(parse_rows, rows, max_errors=None)
 
 
 def _parse_valid_fast(rows: Sequence[dict[str, Any]], fields: Sequence[FieldSpec]) -> Columns | None:
@@ -311,14 +338,14 @@ def _parse_timestamp(value: Any) -> float | None:
 class _Errors:
     """Collects error items, keeping the first few and counting all."""
 
-    def __init__(self, max_items: int = MAX_REPORTED_ERRORS) -> None:
+    def __init__(self, max_items: int | None = MAX_REPORTED_ERRORS) -> None:
         self.items: list[dict[str, Any]] = []
         self.total = 0
         self.max_items = max_items
 
     def add(self, kind: str, loc: list[Any], msg: str, value: Any) -> None:
         self.total += 1
-        if len(self.items) < self.max_items:
+        if self.max_items is None or len(self.items) < self.max_items:
             self.items.append(_err(kind, loc, msg, value))
 
     def raise_if_any(self) -> None:
@@ -340,12 +367,16 @@ def _parse_column(
     loc: Sequence[str | int],
     errors: _Errors,
     single: bool = False,
+    indices: Sequence[int] | None = None,
 ) -> np.ndarray:
+    """One field of ``rows``; ``indices`` maps a position in ``rows`` to the index reported."""
     name = spec.name
     values = [row.get(name) for row in rows]
 
     def where(i: int) -> list[Any]:
-        return [*loc, name] if single else [*loc, i, name]
+        if single:
+            return [*loc, name]
+        return [*loc, i if indices is None else indices[i], name]
 
     if spec.kind == "pod_type":
         return _parse_pod_type(values, spec, where, errors)

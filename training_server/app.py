@@ -16,6 +16,7 @@ from shared.http import install_error_handlers
 from shared.metrics import new_registry
 from training_server.config import TrainingSettings
 from training_server.metrics import TrainingMetrics
+from training_server.operator_routes import router as operator_router
 from training_server.routes import router
 from training_server.service import TrainingService
 
@@ -46,4 +47,5 @@ def create_app(settings: TrainingSettings) -> FastAPI:
     app.state.registry = registry
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(operator_router)  # after: /model/download/info wins over /model/{name}/info
     return app

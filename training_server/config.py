@@ -117,6 +117,11 @@ class TrainingSettings(BaseSettings):
     persist_interval_s: float = Field(
         default=30.0, gt=0, description="How often the window is saved to disk."
     )
+    seed_bundle: Path | None = Field(
+        default=None,
+        description="Seed bundle (from GET /model/export) a fresh server publishes instead of the prior; "
+        "ignored, with a log line, when the store already has trained versions.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from shared.artifacts import MODEL_NAMES, Manifest, ModelStore
+from shared.errors import ArtifactError
+from shared.features import FEATURE_NAMES
+from shared.identity import MODEL_TYPE
 from shared.metrics import LATENCY_BUCKETS_S, ROW_BUCKETS
 
 _MODEL_METRICS = {"coverage": "coverage", "pinball_loss_ms": "pinball", "mape": "mape"}
@@ -16,7 +22,8 @@ class TrainingMetrics:
     """Every metric the service exports; names start with ``training_``."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
+        r = self.registry = registry
+        self._llmd: LlmdSeries | None = None
         self.samples_accepted = Counter(
             "training_samples_accepted", "Samples accepted (202) for the window", registry=r
         )
@@ -102,6 +109,21 @@ class TrainingMetrics:
         self.window_strata.set_function(strata)
         self.intake_pending.set_function(pending)
 
+    def bind_model(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
+        """Export the llm-d predictor's series for the current version (see ``LlmdSeries``);
+        binding again (a new service on the same app) replaces the sources."""
+        if self._llmd is None:
+            self._llmd = LlmdSeries(current, store)
+            self.registry.register(self._llmd)
+        else:
+            self._llmd.rebind(current, store)
+
+    def clear_model_metrics(self) -> None:
+        """Forget the held-out quality gauges (``POST /flush`` with ``flush_metrics``); the next
+        publish sets them again."""
+        for gauge in (self.coverage, self.pinball, self.mape):
+            gauge.clear()
+
     def reject(self, reason: str, samples: int) -> None:
         self.requests_rejected.labels(reason).inc()
         self.samples_rejected.labels(reason).inc(samples)
@@ -116,3 +138,73 @@ class TrainingMetrics:
     def set_version(self, version: str, kind: str) -> None:
         self.version_info.clear()
         self.version_info.labels(version, kind).set(1)
+
+
+class LlmdSeries(Collector):
+    """The llm-d latency predictor's series names, so its dashboards keep working.
+
+    ``model_type{model,type}``, ``ttft_importance{feature}`` / ``tpot_importance{feature}`` (the
+    booster's total gain per feature, normalised to sum to 1, as scikit-learn's
+    ``feature_importances_``), ``training_samples_count{model}``, ``ensemble_active`` and
+    ``ensemble_mode`` (0: we serve one model per target). Importances are computed once per version.
+    """
+
+    def __init__(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
+        self.rebind(current, store)
+
+    def rebind(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
+        self._current = current
+        self._store = store
+        self._importance: tuple[str, dict[str, dict[str, float]]] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        manifest = self._current()
+        model_type = GaugeMetricFamily("model_type", "Model type per model (1)", labels=["model", "type"])
+        samples = GaugeMetricFamily(
+            "training_samples_count", "Samples the current model was trained on", labels=["model"]
+        )
+        for name in MODEL_NAMES:
+            model_type.add_metric([name, MODEL_TYPE], 1.0)
+            samples.add_metric([name], float(manifest.training_samples.get(name, 0)) if manifest else 0.0)
+        yield model_type
+        yield samples
+        importance = self._importances(manifest)
+        for name in MODEL_NAMES:
+            family = GaugeMetricFamily(
+                f"{name}_importance", f"Feature gain share of the {name} model", labels=["feature"]
+            )
+            for feature, value in importance.get(name, {}).items():
+                family.add_metric([feature], value)
+            yield family
+        yield GaugeMetricFamily("ensemble_active", "1 if an ensemble answers (never: one model)", value=0.0)
+        yield GaugeMetricFamily("ensemble_mode", "1 if ensemble mode is configured (never)", value=0.0)
+
+    def _importances(self, manifest: Manifest | None) -> dict[str, dict[str, float]]:
+        if manifest is None:
+            return {}
+        if self._importance is not None and self._importance[0] == manifest.version:
+            return self._importance[1]
+        try:
+            model_set = self._store.load(manifest.version)
+        except ArtifactError:
+            return {}  # pruned or unreadable: nothing to say this scrape
+        result = {name: gain_shares(data) for name, data in model_set.files.items()}
+        self._importance = (manifest.version, result)
+        return result
+
+
+def gain_shares(model: bytes) -> dict[str, float]:
+    """Total gain per feature of a native XGBoost model, as shares summing to 1 (0 for unused features)."""
+    import xgboost as xgb
+
+    booster = xgb.Booster(params={"nthread": 1})
+    booster.load_model(bytearray(model))
+    gains = booster.get_score(importance_type="total_gain")
+    by_index = {
+        int(key[1:]): value
+        for key, value in gains.items()
+        if key[:1] == "f" and key[1:].isdigit() and isinstance(value, float | int)
+    }
+    by_name = {name: float(by_index.get(i, 0.0)) for i, name in enumerate(FEATURE_NAMES)}
+    total = sum(by_name.values())
+    return {name: (value / total if total > 0 else 0.0) for name, value in by_name.items()}

@@ -98,13 +98,6 @@ async def metrics(request: Request) -> Response:
     return metrics_response(request.app.state.registry)
 
 
-@router.post("/flush")
-async def flush(request: Request, service: ServiceDep) -> Response:
-    check_token(request, service.settings.token())
-    dropped = await service.flush()
-    return json_response({"message": f"Flushed {dropped} training samples.", "flushed_samples": dropped})
-
-
 @router.post("/retrain")
 async def retrain(request: Request, service: ServiceDep, wait: bool = False) -> Response:
     """Start a retrain now. ``?wait=true`` answers 200 with its outcome; otherwise 202 at once."""

@@ -28,6 +28,7 @@ from training_server.config import TrainingSettings
 from training_server.intake import Intake
 from training_server.metrics import TrainingMetrics
 from training_server.scheduler import RetrainScheduler, log_task_failure
+from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
 
@@ -63,6 +64,7 @@ class TrainingService:
         self.rejected_requests: dict[str, int] = {}
         self.rejected_samples: dict[str, int] = {}
         metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
+        metrics.bind_model(lambda: self._manifest, self.store)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -99,7 +101,11 @@ class TrainingService:
             return 0
 
     def _ensure_model(self) -> Manifest:
-        """Publish the prior when the store has no usable current version (cold start)."""
+        """Publish the prior when the store has no usable current version (cold start), or the
+        ``--seed-bundle`` when the store has no trained version yet."""
+        seeded = seed_at_start(self.store, self.settings)
+        if seeded is not None:
+            return seeded
         try:
             return self.store.load().manifest
         except ArtifactError as exc:
@@ -171,6 +177,10 @@ class TrainingService:
 
     def _on_published(self, version: str) -> None:
         self._set_current(self.store.read_manifest(version))
+
+    def adopt(self, manifest: Manifest) -> None:
+        """Serve a version published outside the trainer (``POST /model/import``)."""
+        self._set_current(manifest)
 
     def _pending(self) -> int:
         return self.intake.pending_samples

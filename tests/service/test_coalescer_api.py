@@ -58,28 +58,30 @@ async def test_single_prediction_has_the_wire_shape() -> None:
         assert bad.json()["detail"][0]["loc"] == ["body", "num_request_waiting"]
 
 
-async def test_bulk_reports_invalid_items_and_predicts_the_rest() -> None:
+async def test_bulk_with_an_invalid_item_is_a_whole_body_422_and_nothing_goes_upstream() -> None:
     async with stack() as (client, (k,)):
         items = [row(1), {**row(2), "kv_cache_percentage": 2.0}, row(3), "nope", {**row(5), "pod_type": "x"}]
-        body = (await client.post("/predict/bulk", json={"requests": items})).json()
-        assert [p and p["ttft_ms"] for p in body["predictions"]] == [1.5, None, 3.5, None, None]
-        assert (body["total_requests"], body["successful_predictions"], body["failed_predictions"]) == (
-            5,
-            2,
-            3,
+        response = await client.post("/predict/bulk", json={"requests": items})
+        assert response.status_code == 422
+        locs = sorted((e["loc"] for e in response.json()["detail"]), key=str)
+        assert locs == sorted(
+            [
+                ["body", "requests", 1, "kv_cache_percentage"],
+                ["body", "requests", 3],
+                ["body", "requests", 4, "pod_type"],
+            ],
+            key=str,
         )
-        errors = {e["index"]: e for e in body["errors"]}
-        assert sorted(errors) == [1, 3, 4]
-        assert errors[1]["error"].startswith("kv_cache_percentage:")
-        assert errors[1]["detail"][0]["loc"] == ["body", "requests", 1, "kv_cache_percentage"]
-        assert errors[3]["request"] == "nope"
-        assert errors[4]["detail"][0]["loc"] == ["body", "requests", 4, "pod_type"]
-        assert k.rows == 2
-        # Many bad items: every one is found, and nothing is sent upstream when none is valid.
+        assert k.rows == 0
+        # Many bad items: every one is named.
         many = [{**row(i), "input_token_length": -1} for i in range(300)]
-        body = (await client.post("/predict/bulk", json={"requests": many})).json()
-        assert body["failed_predictions"] == 300 and len(body["errors"]) == 300
-        assert k.rows == 2
+        response = await client.post("/predict/bulk", json={"requests": many})
+        assert response.status_code == 422 and len(response.json()["detail"]) == 300
+        assert k.rows == 0
+        # All valid: every item answered, in order, with an empty errors list.
+        body = (await client.post("/predict/bulk", json={"requests": [row(1), row(3)]})).json()
+        assert [p["ttft_ms"] for p in body["predictions"]] == [1.5, 3.5]
+        assert body["errors"] == [] and body["failed_predictions"] == 0 and k.rows == 2
         assert (await client.post("/predict/bulk", json={"requests": "x"})).status_code == 422
 
 

@@ -128,7 +128,7 @@ async def test_single_predict_returns_one_prediction_object(
     assert bad.json()["detail"][0]["loc"] == ["body", "input_token_length"]
 
 
-async def test_lenient_bulk_reports_bad_rows_as_null_with_errors_and_answers_the_rest(
+async def test_bulk_with_any_invalid_item_is_a_whole_body_422_naming_every_bad_item_and_field(
     client: httpx.AsyncClient,
 ) -> None:
     good = random_rows(5, np.random.default_rng(3))
@@ -138,35 +138,37 @@ async def test_lenient_bulk_reports_bad_rows_as_null_with_errors_and_answers_the
         good[2],
         "not a row",
         {k: v for k, v in good[3].items() if k != "num_request_running"},
-        good[4],
+        {**good[4], "num_request_waiting": 1.5, "pod_type": "gpu"},
     ]
     response = await client.post("/predict/bulk", json={"requests": rows})
-    assert response.status_code == 200
+    assert response.status_code == 422
     body = response.json()
-    assert (body["total_requests"], body["successful_predictions"], body["failed_predictions"]) == (6, 3, 3)
-    assert [p is None for p in body["predictions"]] == [False, True, False, True, True, False]
-    assert [e["index"] for e in body["errors"]] == [1, 3, 4]
-    first = body["errors"][0]
-    assert first["request"] == rows[1] and "kv_cache_percentage" in first["error"]
-    assert first["detail"][0]["loc"] == ["body", "requests", 1, "kv_cache_percentage"]
-    assert "num_request_running" in body["errors"][2]["error"]
-    # The bad rows changed nothing for the good ones.
-    strict = await client.post("/predict/bulk/strict", json={"requests": [good[0], good[2], good[4]]})
-    answered = [p for p in body["predictions"] if p is not None]
-    assert [p["ttft_ms"] for p in answered] == [p["ttft_ms"] for p in strict.json()["predictions"]]
+    found = sorted((tuple(e["loc"]), e["type"]) for e in body["detail"])
+    assert found == sorted(
+        [
+            (("body", "requests", 1, "kv_cache_percentage"), "less_than_equal"),
+            (("body", "requests", 3), "dict_type"),
+            (("body", "requests", 4, "num_request_running"), "missing"),
+            (("body", "requests", 5, "num_request_waiting"), "int_from_float"),
+            (("body", "requests", 5, "pod_type"), "enum"),
+        ]
+    )
+    assert body["total_errors"] == 5
     clean = (await client.post("/predict/bulk", json={"requests": good})).json()
     assert clean["errors"] == [] and clean["failed_predictions"] == 0
+    assert clean["successful_predictions"] == 5 and None not in clean["predictions"]
 
 
-async def test_lenient_bulk_with_many_bad_rows_reports_each_of_them(client: httpx.AsyncClient) -> None:
+async def test_bulk_with_many_bad_rows_names_each_of_them(client: httpx.AsyncClient) -> None:
     rows = random_rows(400, np.random.default_rng(4))
     for i in range(0, 400, 3):
         rows[i] = {**rows[i], "num_request_waiting": -1, "prefix_cache_score": 2}
-    body = (await client.post("/predict/bulk", json={"requests": rows})).json()
+    response = await client.post("/predict/bulk", json={"requests": rows})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
     bad = list(range(0, 400, 3))
-    assert [e["index"] for e in body["errors"]] == bad
-    assert all(len(e["detail"]) == 2 for e in body["errors"])
-    assert sum(p is None for p in body["predictions"]) == len(bad) == body["failed_predictions"]
+    assert sorted({e["loc"][2] for e in detail}) == bad
+    assert len(detail) == 2 * len(bad) == response.json()["total_errors"]
 
 
 @pytest.mark.parametrize(
@@ -336,11 +338,14 @@ async def test_a_newly_published_version_answers_within_a_poll(tmp_path: Path) -
         assert after["last_model_load"] > before["last_model_load"]
 
 
-async def test_lenient_bulk_with_every_row_bad_reports_every_row(client: httpx.AsyncClient) -> None:
+async def test_bulk_with_every_row_bad_names_every_row(client: httpx.AsyncClient) -> None:
     rows: list[Any] = [{**ROW, "num_tokens_generated": -i - 1} for i in range(3000)]
     rows[7] = None
-    body = (await client.post("/predict/bulk", json={"requests": rows})).json()
-    assert body["failed_predictions"] == 3000 and body["predictions"] == [None] * 3000
-    assert [e["index"] for e in body["errors"]] == list(range(3000))
-    assert body["errors"][7]["detail"][0]["type"] == "dict_type"
-    assert body["errors"][2999]["detail"][0]["loc"] == ["body", "requests", 2999, "num_tokens_generated"]
+    response = await client.post("/predict/bulk", json={"requests": rows})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert sorted(e["loc"][2] for e in detail) == list(range(3000))
+    assert {"loc": ["body", "requests", 7], "type": "dict_type"}.items() <= next(
+        e for e in detail if e["loc"][2] == 7
+    ).items()
+    assert any(e["loc"] == ["body", "requests", 2999, "num_tokens_generated"] for e in detail)

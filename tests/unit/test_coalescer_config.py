@@ -6,7 +6,6 @@ import pytest
 from pydantic import ValidationError
 
 from coalescer.config import CoalescerSettings
-from coalescer.predict import invalid_items
 from shared.config import settings_from_cli, settings_reference
 
 
@@ -62,25 +61,6 @@ def test_bad_flags_exit_naming_the_setting(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit):
         settings_from_cli(CoalescerSettings, ["--prediction-urls", "http://a:1", "--max-batch-rows", "20000"])
     assert "--max-batch-rows" in capsys.readouterr().err
-
-
-def test_invalid_items_finds_every_bad_row_by_bisection() -> None:
-    good = {
-        "kv_cache_percentage": 0.1,
-        "input_token_length": 1,
-        "num_request_waiting": 0,
-        "num_request_running": 0,
-        "num_tokens_generated": 1,
-        "prefix_cache_score": 0.0,
-    }
-    items: list[object] = [dict(good) for _ in range(1000)]
-    bad_at = {3, 4, 500, 999}
-    for i in bad_at:
-        items[i] = {**good, "num_request_running": -1}
-    found = invalid_items(items)
-    assert set(found) == bad_at
-    assert found[500][0]["loc"] == ["body", "requests", 500, "num_request_running"]
-    assert invalid_items([good]) == {}
 
 
 def test_a_rule_across_settings_exits_with_its_message(capsys: pytest.CaptureFixture[str]) -> None:

@@ -93,6 +93,32 @@ def test_missing_required_field_and_non_object_rows():
     assert errors[0]["loc"] == ["body", "requests", 1] and errors[0]["type"] == "dict_type"
 
 
+def test_non_object_rows_are_reported_with_the_field_errors_of_the_others():
+    rows = [
+        ROW,
+        "nope",
+        {**ROW, "kv_cache_percentage": 2.0},
+        None,
+        {k: v for k, v in ROW.items() if k != "input_token_length"},
+    ]
+    locs = [e["loc"] for e in errors_of(parse_rows, rows)]
+    assert sorted(locs, key=str) == sorted(
+        [
+            ["body", "requests", 1],
+            ["body", "requests", 3],
+            ["body", "requests", 2, "kv_cache_percentage"],
+            ["body", "requests", 4, "input_token_length"],
+        ],
+        key=str,
+    )
+
+
+def test_every_error_is_reported_when_asked():
+    with pytest.raises(InvalidInput) as info:
+        parse_rows([{**ROW, "kv_cache_percentage": 2.0, "num_request_waiting": -1}] * 500, max_errors=None)
+    assert info.value.total_errors == len(info.value.errors) == 1000
+
+
 def test_many_errors_are_counted_but_the_report_is_bounded():
     with pytest.raises(InvalidInput) as info:
         parse_rows([{**ROW, "kv_cache_percentage": 2.0}] * 500)
