@@ -30,7 +30,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shared.artifacts import ModelStore, to_latency_ms
+from shared.artifacts import ModelStore, served_latency_ms
 from shared.features import FEATURE_NAMES
 
 
@@ -94,7 +94,7 @@ class NaivePredictor:
     def predict(self, requests: list[PredictionRequest]) -> list[PredictionResponse]:
         df = self.features(requests)
         out = {
-            name: to_latency_ms(np.asarray(model.predict(df)), self.manifest.models[name])
+            name: served_latency_ms(np.asarray(model.predict(df)), df.to_numpy(), self.manifest.models[name])
             for name, model in self.models.items()
         }
         now = datetime.now(UTC)

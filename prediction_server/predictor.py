@@ -23,8 +23,8 @@ from shared.artifacts import (
     Manifest,
     ModelSet,
     ModelSpec,
+    served_latency_ms,
     sha256_hex,
-    to_latency_ms,
     utc_now_iso,
     verify_model_set,
 )
@@ -91,8 +91,8 @@ class Predictor:
     def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """TTFT and TPOT in milliseconds (float64, non-negative) for a float32 feature matrix."""
         specs = self.manifest.models
-        ttft = to_latency_ms(self.forests["ttft"].predict_margin(features), specs["ttft"])
-        tpot = to_latency_ms(self.forests["tpot"].predict_margin(features), specs["tpot"])
+        ttft = served_latency_ms(self.forests["ttft"].predict_margin(features), features, specs["ttft"])
+        tpot = served_latency_ms(self.forests["tpot"].predict_margin(features), features, specs["tpot"])
         return ttft, tpot
 
     @classmethod

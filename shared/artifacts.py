@@ -25,6 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
+from shared.baseline import baseline_ms, check_baseline
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, FEATURE_VERSION
 
@@ -53,6 +54,9 @@ class ModelSpec:
     # Added to the margin before the inverse transform; set by calibration so that the
     # measured coverage of held-out data matches the target quantile.
     calibration_offset: float = 0.0
+    # The work-ahead baseline the trees were trained around (``shared.baseline``), or None:
+    # the served margin is then the trees' margin alone (prior and older versions).
+    baseline: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,17 +100,36 @@ class Manifest:
         missing = [name for name in MODEL_NAMES if name not in self.models]
         if missing:
             raise ArtifactError(f"version {self.version} lacks models {missing}")
+        for name, spec in self.models.items():
+            if spec.baseline is not None:
+                try:
+                    check_baseline(spec.baseline)
+                except ArtifactError as exc:
+                    raise ArtifactError(f"version {self.version} model {name}: {exc}") from exc
 
 
-def to_latency_ms(margin: np.ndarray, spec: ModelSpec) -> np.ndarray:
-    """Turn raw model output (XGBoost margin) into non-negative milliseconds."""
-    shifted = margin.astype(np.float64) + spec.calibration_offset
-    values = np.expm1(shifted) if spec.target_transform == "log1p" else shifted
+def served_latency_ms(tree_margin: np.ndarray, features: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """The served latency (ms, float64, >= 0): the trees' raw margin (XGBoost, no base margin) plus
+    the baseline's margin for these feature rows plus the calibration offset, inverse-transformed.
+
+    The one place a margin becomes a served value: training, evaluation and serving all call it.
+    """
+    margin = tree_margin.astype(np.float64) + spec.calibration_offset
+    if spec.baseline is not None:
+        margin += base_margin(features, spec)
+    values = np.expm1(margin) if spec.target_transform == "log1p" else margin
     return np.maximum(values, 0.0)
 
 
+def base_margin(features: np.ndarray, spec: ModelSpec) -> np.ndarray:
+    """The margin the trees were trained around (XGBoost ``base_margin``): zeros without a baseline."""
+    if spec.baseline is None:
+        return np.zeros(len(features))
+    return to_margin_target(baseline_ms(features, spec.baseline), spec.target_transform)
+
+
 def to_margin_target(latency_ms: np.ndarray, transform: TargetTransform) -> np.ndarray:
-    """The training target for a model whose margin ``to_latency_ms`` inverts."""
+    """The training target for a model whose margin ``served_latency_ms`` inverts."""
     return np.log1p(latency_ms) if transform == "log1p" else latency_ms
 
 
@@ -199,6 +222,7 @@ class ModelStore:
         quantile: float,
         target_transforms: dict[str, TargetTransform] | None = None,
         calibration_offsets: dict[str, float] | None = None,
+        baselines: dict[str, dict[str, Any] | None] | None = None,
         training_samples: dict[str, int] | None = None,
         metrics: dict[str, Any] | None = None,
         xgboost_version: str = "",
@@ -217,6 +241,7 @@ class ModelStore:
                 size_bytes=len(data),
                 target_transform=(target_transforms or {}).get(name, "log1p"),
                 calibration_offset=float((calibration_offsets or {}).get(name, 0.0)),
+                baseline=(baselines or {}).get(name),
             )
             for name, data in models.items()
         }

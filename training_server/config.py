@@ -69,15 +69,21 @@ class TrainingSettings(BaseSettings):
         description="Most samples one retrain uses; larger windows are thinned evenly across strata.",
     )
     retrain_interval_s: float = Field(
-        default=60.0, gt=0, description="Retrain at least this often while new samples keep arriving."
+        default=10.0, gt=0, description="Retrain at least this often while new samples keep arriving."
     )
     min_new_samples: int = Field(
-        default=5000,
+        default=200,
         ge=1,
-        description="Retrain as soon as this many new samples arrived since the last retrain.",
+        description="Retrain once this many new samples (and --min-new-fraction of the window) arrived.",
+    )
+    min_new_fraction: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="Retrain once new samples reach this share of the window (and --min-new-samples).",
     )
     retrain_min_gap_s: float = Field(
-        default=5.0, ge=0, description="Least time between the start of two automatic retrains."
+        default=1.0, ge=0, description="Least time between the start of two automatic retrains."
     )
     min_train_samples: int = Field(
         default=500, ge=20, description="Fewest samples with a non-zero target needed to train that model."
@@ -95,7 +101,21 @@ class TrainingSettings(BaseSettings):
     publish_tolerance: float = Field(
         default=0.0,
         ge=0,
-        description="Publish a candidate if its held-out loss <= current loss * (1 + this).",
+        description="Refuse a candidate only if its held-out loss is confidently > current * (1 + this).",
+    )
+    publish_confidence: float = Field(
+        default=0.95,
+        gt=0.5,
+        lt=1,
+        description="Confidence of the guard's paired comparison on the held-out samples (one-sided).",
+    )
+    work_baseline: bool = Field(
+        default=True,
+        description="Fit a linear work-ahead baseline (quantile regression) and train the trees around it.",
+    )
+    monotone_constraints: bool = Field(
+        default=True,
+        description="Constrain the trees: more queued/prefill work never lowers TTFT, more decode work TPOT.",
     )
     n_estimators: int = Field(default=150, ge=1, le=5000, description="Boosting rounds per model.")
     max_depth: int = Field(default=6, ge=1, le=16, description="Maximum tree depth.")

@@ -16,11 +16,21 @@ therefore holds one regime, a lull or a burst, and its offset swings from versio
 with whatever that stretch happened to be. ``calibration_mask`` instead spreads the split over
 the whole window, in many short runs, so the offset reflects the mix of regimes that the served
 version will meet.
+
+The publish guard (``compare_paired``) compares the candidate's and the current model's
+per-sample losses on the same held-out samples, the newest ones. Their difference is averaged
+over contiguous blocks of held-out time (latency errors come in bursts, so single samples are not
+independent; block means nearly are), and a one-sided bound at the configured confidence decides:
+the candidate is refused only when it is worse with confidence; when the current model is worse
+with confidence the newest traffic has moved away from it and the candidate wins; in between the
+two are equal within noise and the candidate, trained on fresher data, is published.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -30,6 +40,7 @@ from training_server.window import stratum_label
 
 MIN_STRATUM_EVAL = 10  # strata with fewer held-out samples are too noisy to report
 CALIBRATION_RUNS = 40  # runs the calibration split is spread over (see calibration_mask)
+GUARD_BLOCKS = 20  # contiguous blocks of held-out time the guard averages over (see compare_paired)
 
 
 def pinball_loss(actual: np.ndarray, predicted: np.ndarray, quantile: float) -> np.ndarray:
@@ -70,11 +81,75 @@ def mean_offset(target: np.ndarray, margin: np.ndarray) -> float:
     return float(log_ratio) if np.isfinite(log_ratio) else 0.0
 
 
+def sample_losses(
+    actual: np.ndarray, predicted: np.ndarray, objective: Objective, quantile: float
+) -> np.ndarray:
+    """Per-sample guard loss (lower is better): pinball loss, or squared error for ``mean``."""
+    if objective == "mean":
+        return np.asarray((actual - predicted) ** 2, dtype=np.float64)
+    return pinball_loss(actual, predicted, quantile)
+
+
 def loss(actual: np.ndarray, predicted: np.ndarray, objective: Objective, quantile: float) -> float:
     """The guard's score (lower is better): mean pinball loss, or mean squared error for ``mean``."""
-    if objective == "mean":
-        return float(np.mean((actual - predicted) ** 2))
-    return float(pinball_loss(actual, predicted, quantile).mean())
+    return float(sample_losses(actual, predicted, objective, quantile).mean())
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """The publish guard's verdict on one candidate (see ``compare_paired``)."""
+
+    accepted: bool
+    verdict: str  # "better" | "equal" | "worse": the candidate, with confidence or within noise
+    candidate_loss: float
+    current_loss: float
+    bound_low: float  # one-sided bounds on mean(candidate - current), in loss units
+    bound_high: float
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"held-out loss {self.candidate_loss:.4g} vs current {self.current_loss:.4g}: candidate "
+            f"{self.verdict} (difference in [{self.bound_low:.3g}, {self.bound_high:.3g}])"
+        )
+
+
+def compare_paired(
+    candidate: np.ndarray,
+    current: np.ndarray,
+    confidence: float,
+    tolerance: float = 0.0,
+    blocks: int = GUARD_BLOCKS,
+) -> GuardDecision:
+    """Paired comparison of per-sample losses on the same time-ordered held-out samples.
+
+    ``d = candidate - (1 + tolerance) * current`` is averaged per contiguous block; with the block
+    means' standard error ``se`` and ``z`` the one-sided normal quantile at ``confidence``, the
+    candidate is *worse* if ``mean(d) - z * se > 0`` (refused), *better* if ``mean(d) + z * se < 0``,
+    else *equal* (accepted: it is fresher).
+    """
+    candidate = np.asarray(candidate, dtype=np.float64)
+    current = np.asarray(current, dtype=np.float64)
+    diff = candidate - (1.0 + tolerance) * current
+    n = len(diff)
+    blocks = max(1, min(blocks, n // 2))
+    block_of = np.arange(n) * blocks // max(n, 1)
+    means = np.bincount(block_of, weights=diff, minlength=blocks) / np.maximum(
+        np.bincount(block_of, minlength=blocks), 1
+    )
+    mean = float(diff.mean()) if n else 0.0
+    se = float(means.std(ddof=1) / math.sqrt(blocks)) if blocks > 1 else math.inf
+    z = NormalDist().inv_cdf(confidence)
+    low, high = mean - z * se, mean + z * se
+    verdict = "worse" if low > 0 else "better" if high < 0 else "equal"
+    return GuardDecision(
+        accepted=verdict != "worse",
+        verdict=verdict,
+        candidate_loss=float(candidate.mean()) if n else 0.0,
+        current_loss=float(current.mean()) if n else 0.0,
+        bound_low=low,
+        bound_high=high,
+    )
 
 
 def evaluate(

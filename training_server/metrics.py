@@ -83,6 +83,11 @@ class TrainingMetrics:
             "training_model_pinball_loss_ms", "Held-out pinball loss (ms)", ["model", "role"], registry=r
         )
         self.mape = Gauge("training_model_mape", "Held-out MAPE", ["model", "role"], registry=r)
+        self.model_age = Gauge(
+            "training_model_age_seconds",
+            "Seconds since the current (serving) model version was published",
+            registry=r,
+        )
         self.version_info = Gauge(
             "training_model_version_info",
             "The current model version (value 1)",
@@ -102,9 +107,14 @@ class TrainingMetrics:
             self.candidates_rejected.labels(model)
 
     def bind(
-        self, window_size: Callable[[], int], strata: Callable[[], int], pending: Callable[[], int]
+        self,
+        window_size: Callable[[], int],
+        strata: Callable[[], int],
+        pending: Callable[[], int],
+        model_age_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         """Sample these values at scrape time."""
+        self.model_age.set_function(model_age_s)
         self.window_samples.set_function(window_size)
         self.window_strata.set_function(strata)
         self.intake_pending.set_function(pending)

@@ -1,8 +1,10 @@
 """When to retrain, and running each retrain off the event loop.
 
-A retrain starts when ``min_new_samples`` arrived since the last one (at most once per
-``retrain_min_gap_s``; the gap does not delay the first run), when ``retrain_interval_s``
-passed with at least one new sample, or when requested (``POST /retrain``). Runs happen
+A retrain starts as soon as the trainer is free and enough new samples arrived to matter:
+``min_new_samples`` and ``min_new_fraction`` of the window since the last one (at most once per
+``retrain_min_gap_s``; the gap does not delay the first run); also when ``retrain_interval_s``
+passed with at least one new sample, and at once when requested (``POST /retrain``, or
+``request_now`` from the drift detector). Runs happen
 one at a time in a dedicated thread whose niceness is raised by ``trainer_nice``, so
 ingestion on the event loop keeps priority; XGBoost uses ``training_threads`` threads.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -71,6 +74,8 @@ class RetrainScheduler:
         self._inserted_total = 0  # written by the intake thread only
         self._trained_upto = 0  # _inserted_total when the last run took its snapshot
         self._requested = False
+        self._request_reason: str | None = None
+        self._last_reason: str | None = None
         self._waiters: list[asyncio.Future[TrainingOutcome]] = []
         self._last_started_mono = -float("inf")  # the min gap does not delay the first run
         self._interval_anchor = time.monotonic()  # the interval counts from start, then from each run
@@ -82,6 +87,12 @@ class RetrainScheduler:
     @property
     def new_samples(self) -> int:
         return self._inserted_total - self._trained_upto
+
+    @property
+    def due_new_samples(self) -> int:
+        """New samples that make a retrain due: the absolute minimum or the share of the window."""
+        s = self.settings
+        return max(s.min_new_samples, math.ceil(s.min_new_fraction * self.window.size))
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -105,7 +116,7 @@ class RetrainScheduler:
     def on_inserted(self, inserted: int) -> None:
         """Intake-thread callback: count, and wake the loop once enough samples arrived."""
         self._inserted_total += inserted
-        due = self.new_samples >= self.settings.min_new_samples
+        due = self.new_samples >= self.due_new_samples
         if due and self._loop is not None and not self._wake.is_set():
             self._loop.call_soon_threadsafe(self._wake.set)
 
@@ -113,10 +124,27 @@ class RetrainScheduler:
         """After a flush: samples counted as new are gone."""
         self._trained_upto = self._inserted_total
 
+    def request_now(self, reason: str) -> None:
+        """Retrain as soon as the trainer is free, ignoring the sample and gap triggers (drift).
+
+        Callable from any thread; a request while a run is in progress starts the next run
+        right after it. ``reason`` is logged and shown in ``/status`` as the run's trigger.
+        """
+        if self._loop is None:
+            self._request(reason)
+            return
+        self._loop.call_soon_threadsafe(self._request, reason)
+
+    def _request(self, reason: str) -> None:
+        if not self._requested:
+            log_event(log, "retrain_requested", reason=reason)
+        self._requested = True
+        self._request_reason = self._request_reason or reason
+        self._wake.set()
+
     async def request(self, wait: bool) -> TrainingOutcome | None:
         """Retrain as soon as the trainer is free; with ``wait``, return that run's outcome."""
-        self._requested = True
-        self._wake.set()
+        self._request("requested")
         if not wait:
             return None
         waiter: asyncio.Future[TrainingOutcome] = asyncio.get_running_loop().create_future()
@@ -128,7 +156,8 @@ class RetrainScheduler:
         while True:
             await self._wait_until_due()
             waiters, self._waiters = self._waiters, []
-            self._requested = False
+            self._last_reason = self._request_reason or "new samples"
+            self._requested, self._request_reason = False, None
             self._last_started_mono = self._interval_anchor = time.monotonic()
             self._last_started_at = datetime.now(UTC).isoformat()
             self._running = True
@@ -153,15 +182,17 @@ class RetrainScheduler:
             since_run = now - self._last_started_mono
             since_anchor = now - self._interval_anchor
             new = self.new_samples
+            due = new >= self.due_new_samples
             if self._requested:
                 return
-            if new >= s.min_new_samples and since_run >= s.retrain_min_gap_s:
+            if due and since_run >= s.retrain_min_gap_s:
                 return
             if new > 0 and since_anchor >= s.retrain_interval_s:
+                self._request_reason = "interval"
                 return
             # The wake-up only shortens the wait; polling at least every second keeps this correct.
             timeout = 1.0
-            if new >= s.min_new_samples:
+            if due:
                 timeout = min(timeout, s.retrain_min_gap_s - since_run)
             elif new > 0:
                 timeout = min(timeout, s.retrain_interval_s - since_anchor)
@@ -201,6 +232,7 @@ class RetrainScheduler:
             "training_run",
             level,
             outcome=outcome.outcome,
+            trigger=self._last_reason,
             detail=outcome.detail,
             version=outcome.version,
             duration_s=round(outcome.duration_s, 3),
@@ -214,7 +246,9 @@ class RetrainScheduler:
             "running": self._running,
             "runs": self._runs,
             "new_samples": self.new_samples,
+            "due_new_samples": self.due_new_samples,
             "last_started_at": self._last_started_at,
+            "last_trigger": self._last_reason,
             "last_outcome": last.outcome if last else None,
             "last_detail": last.detail if last else None,
             "last_duration_s": last.duration_s if last else None,

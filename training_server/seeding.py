@@ -50,6 +50,7 @@ def publish_bundle(store: ModelStore, bundle: Bundle, settings: TrainingSettings
         quantile=manifest.quantile,
         target_transforms={name: spec.target_transform for name, spec in models.items()},
         calibration_offsets={name: spec.calibration_offset for name, spec in models.items()},
+        baselines={name: spec.baseline for name, spec in models.items()},
         training_samples=dict(manifest.training_samples),
         metrics={
             **manifest.metrics,

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,10 @@ class TrainingService:
         self.samples_accepted = 0
         self.rejected_requests: dict[str, int] = {}
         self.rejected_samples: dict[str, int] = {}
-        metrics.bind(lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending)
+        self._published_at_s = time.time()
+        metrics.bind(
+            lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending, self.model_age_s
+        )
         metrics.bind_model(lambda: self._manifest, self.store)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -185,8 +189,13 @@ class TrainingService:
     def _pending(self) -> int:
         return self.intake.pending_samples
 
+    def model_age_s(self) -> float:
+        """Seconds since the serving version was published (0 before there is one)."""
+        return max(0.0, time.time() - self._published_at_s) if self._manifest is not None else 0.0
+
     def _set_current(self, manifest: Manifest) -> None:
         self._manifest = manifest
+        self._published_at_s = datetime.fromisoformat(manifest.created_at).timestamp()
         self.metrics.set_version(manifest.version, manifest.kind)
         for name in manifest.models:
             entry = manifest.metrics.get(name)
@@ -254,6 +263,7 @@ class TrainingService:
             "current_version": m.version if m else None,
             "is_prior": m.kind == "prior" if m else None,
             "current_created_at": m.created_at if m else None,
+            "current_age_s": round(self.model_age_s(), 3) if m else None,
             "current_training_samples": m.training_samples if m else {},
             "current_metrics": {name: (m.metrics.get(name) or {}).get("overall") for name in m.models}
             if m

@@ -6,11 +6,17 @@ sample carries no such latency), orders them by (timestamp, arrival) and holds o
 newest part, so evaluation predicts the future as production does. The rest is split into
 *train* and *calibration* parts, the calibration part spread over the whole span in short
 runs (``evaluation.calibration_mask``): under bursty traffic a contiguous stretch holds one
-regime and would make the offset swing with it. A quantile (or mean) XGBoost model is fitted
-on log1p(latency), calibrated with a conformal offset on the calibration part, and scored on
-the held-out part. The current published version is scored on the same held-out samples;
-the candidate replaces it only if it is not worse. A model that cannot be trained or loses
-keeps the current one, so a version may update just one of the two models.
+regime and would make the offset swing with it. First a linear work-ahead baseline is fitted
+on the training part (``baseline_fit``: a quantile regression with non-negative slopes on the
+queued and in-flight work), then a quantile (or mean) XGBoost model on log1p(latency) with the
+baseline's log1p as ``base_margin``, so the trees learn the log-ratio around a latency that keeps
+growing with the work beyond the trained range (``monotone_constraints`` where physics says so).
+It is calibrated with a conformal offset on the calibration part and scored on the held-out part,
+always through ``shared.artifacts.served_latency_ms``, as serving computes it. The current
+published version is scored on the same held-out samples, and the guard
+(``evaluation.compare_paired``) refuses the candidate only when it is worse with confidence. A
+model that cannot be trained or is refused keeps the current one, so a version may update just
+one of the two models.
 """
 
 from __future__ import annotations
@@ -25,18 +31,41 @@ from typing import Any, Literal
 import numpy as np
 import xgboost as xgb
 
-from shared.artifacts import MODEL_NAMES, Manifest, ModelSpec, ModelStore, to_latency_ms, to_margin_target
+from shared.artifacts import (
+    MODEL_NAMES,
+    Manifest,
+    ModelSpec,
+    ModelStore,
+    base_margin,
+    served_latency_ms,
+    to_margin_target,
+)
 from shared.errors import ArtifactError
-from shared.features import build_features
+from shared.features import FEATURE_NAMES, build_features
 from shared.logging import log_event
 from shared.prior import build_prior_models
 from training_server import evaluation
+from training_server.baseline_fit import fit_baseline
 from training_server.config import TrainingSettings
-from training_server.window import WindowSnapshot, fair_quota
+from training_server.window import WindowSnapshot
 
 log = logging.getLogger(__name__)
 
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
+# Features that never lower the prediction when they grow (XGBoost monotone constraints):
+# more queued or in-flight prefill work never makes TTFT shorter; more running decode work (or
+# more requests in the pod, queue_depth) never makes TPOT shorter. The baseline's slopes are
+# non-negative too, so the served value is monotone in these features.
+MONOTONE_INCREASING: dict[str, tuple[str, ...]] = {
+    "ttft": (
+        "num_request_waiting",
+        "prefill_tokens_in_flight",
+        "uncached_input_tokens",
+        "queue_depth",
+        "prefill_work_tokens",
+    ),
+    "tpot": ("num_request_running", "decode_tokens_in_flight", "queue_depth"),
+}
 MIN_TAIL_SAMPLES = 5  # samples a leaf needs beyond its quantile for that quantile to mean anything
 Outcome = Literal["published", "rejected", "skipped", "failed", "cancelled"]
 
@@ -63,8 +92,11 @@ class _Candidate:
     samples: dict[str, int]
     booster: xgb.Booster | None = None
     offset: float = 0.0
+    baseline: dict[str, Any] | None = None
     metrics: dict[str, Any] | None = None
     current_metrics: dict[str, Any] | None = None
+    holdout_losses: np.ndarray = field(default_factory=lambda: np.empty(0))
+    current_losses: np.ndarray = field(default_factory=lambda: np.empty(0))
     accepted: bool = False
     reason: str = ""
 
@@ -94,7 +126,8 @@ class Trainer:
         self._current: _Current | None = None
         self.stop = threading.Event()
 
-    def params(self) -> dict[str, Any]:
+    def params(self, model: str | None = None) -> dict[str, Any]:
+        """XGBoost parameters; with ``model``, its monotone constraints too."""
         s = self.settings
         params: dict[str, Any] = {
             "tree_method": "hist",
@@ -105,7 +138,12 @@ class Trainer:
             "nthread": s.training_threads,
             "seed": 0,
             "verbosity": 0,
+            # The margin is trees only: the baseline (or nothing) comes in as base_margin, so
+            # serving adds served_latency_ms's base margin to exactly what was trained around.
+            "base_score": 0.0,
         }
+        if s.monotone_constraints and model is not None:
+            params["monotone_constraints"] = monotone_constraints(model)
         if s.objective == "quantile":
             params.update(objective="reg:quantileerror", quantile_alpha=s.quantile)
         else:
@@ -120,7 +158,7 @@ class Trainer:
         ``window_samples`` is the window's size when ``snapshot`` is already a thinned copy.
         """
         started = time.perf_counter()
-        snap = thin(snapshot, self.settings.max_train_samples)
+        snap = snapshot.thinned(self.settings.max_train_samples)
         features = build_features(snap.columns()) if len(snap) else np.empty((0, 0), np.float32)
         current = self._load_current()
         candidates = {name: self._fit(name, snap, features, current, now_s) for name in MODEL_NAMES}
@@ -148,11 +186,21 @@ class Trainer:
         if s.recency_half_life_s > 0:
             age_s = np.maximum(now_s - snap.column("timestamp")[train], 0.0)
             weight = 0.5 ** (age_s / s.recency_half_life_s)
+        baseline = None
+        if s.work_baseline:
+            level = s.quantile if s.objective == "quantile" else 0.5
+            baseline = fit_baseline(name, features[train], actual[train], level)
+        spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         dtrain = xgb.QuantileDMatrix(
-            features[train], label=target[train], weight=weight, max_bin=s.max_bin, nthread=s.training_threads
+            features[train],
+            label=target[train],
+            weight=weight,
+            base_margin=base_margin(features[train], spec),
+            max_bin=s.max_bin,
+            nthread=s.training_threads,
         )
         booster = xgb.train(
-            self.params(),
+            self.params(name),
             dtrain,
             num_boost_round=s.n_estimators,
             callbacks=[_StopWhenSet(self.stop)],
@@ -160,27 +208,35 @@ class Trainer:
         if self.stop.is_set():
             raise TrainingCancelled()
         margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
+        cal_base = base_margin(features[cal], spec)
         if s.objective == "quantile":
-            offset = evaluation.conformal_offset(target[cal] - margin_cal, s.quantile)
+            offset = evaluation.conformal_offset(target[cal] - cal_base - margin_cal, s.quantile)
         else:
-            offset = evaluation.mean_offset(target[cal], margin_cal)
-        spec = ModelSpec(file="", sha256="", size_bytes=0, calibration_offset=offset)
-        predicted = to_latency_ms(booster.inplace_predict(features[hold], predict_type="margin"), spec)
+            offset = evaluation.mean_offset(target[cal], cal_base + margin_cal)
+        spec = ModelSpec(file="", sha256="", size_bytes=0, calibration_offset=offset, baseline=baseline)
+        hold_margin = booster.inplace_predict(features[hold], predict_type="margin")
+        predicted = served_latency_ms(hold_margin, features[hold], spec)
         metrics = evaluation.evaluate(actual[hold], predicted, snap.strata[hold], s.objective, s.quantile)
-        metrics["calibration_coverage"] = float(np.mean(actual[cal] <= to_latency_ms(margin_cal, spec)))
+        cal_predicted = served_latency_ms(margin_cal, features[cal], spec)
+        metrics["calibration_coverage"] = float(np.mean(actual[cal] <= cal_predicted))
         candidate = _Candidate(
             name,
             {"train": len(train), "calibration": len(cal), "holdout": len(hold)},
             booster=booster,
             offset=offset,
+            baseline=baseline,
             metrics=metrics,
+            holdout_losses=evaluation.sample_losses(actual[hold], predicted, s.objective, s.quantile),
         )
         if current is not None and name in current.boosters:
             cur_spec = current.manifest.models[name]
             cur_margin = current.boosters[name].inplace_predict(features[hold], predict_type="margin")
-            cur_pred = to_latency_ms(cur_margin, cur_spec)
+            cur_pred = served_latency_ms(cur_margin, features[hold], cur_spec)
             candidate.current_metrics = evaluation.evaluate(
                 actual[hold], cur_pred, snap.strata[hold], s.objective, s.quantile
+            )
+            candidate.current_losses = evaluation.sample_losses(
+                actual[hold], cur_pred, s.objective, s.quantile
             )
         return candidate
 
@@ -195,10 +251,10 @@ class Trainer:
             if not comparable or c.current_metrics is None:
                 c.accepted, c.reason = True, "replaces a prior or incompatible version"
                 continue
-            new_loss = c.metrics["overall"]["loss"]
-            old_loss = c.current_metrics["overall"]["loss"]
-            c.accepted = new_loss <= old_loss * (1.0 + s.publish_tolerance)
-            c.reason = f"held-out loss {new_loss:.4g} vs current {old_loss:.4g}"
+            decision = evaluation.compare_paired(
+                c.holdout_losses, c.current_losses, s.publish_confidence, s.publish_tolerance
+            )
+            c.accepted, c.reason = decision.accepted, decision.reason
         summary = {name: _summary(c) for name, c in candidates.items()}
         if not any(c.booster is not None for c in candidates.values()):
             return TrainingOutcome("skipped", "not enough samples", window_samples=window, models=summary)
@@ -219,6 +275,7 @@ class Trainer:
         s = self.settings
         models: dict[str, bytes] = {}
         offsets: dict[str, float] = {}
+        baselines: dict[str, dict[str, Any] | None] = {}
         samples: dict[str, int] = {}
         metrics: dict[str, Any] = {"window_samples": window, "samples_used": used}
         prior: dict[str, bytes] | None = None
@@ -227,12 +284,14 @@ class Trainer:
             if c.accepted and c.booster is not None and c.metrics is not None:
                 models[name] = bytes(c.booster.save_raw("ubj"))
                 offsets[name] = c.offset
+                baselines[name] = c.baseline
                 samples[name] = c.samples["train"]
                 entry.update(source="trained", calibration_offset=c.offset, **c.metrics)
             elif current is not None:
                 spec = current.manifest.models[name]
                 models[name] = current.files[name]
                 offsets[name] = spec.calibration_offset
+                baselines[name] = spec.baseline
                 samples[name] = current.manifest.training_samples.get(name, 0)
                 previous = dict(current.manifest.metrics.get(name, {}))
                 previous.pop("current_on_same_holdout", None)
@@ -257,6 +316,7 @@ class Trainer:
             quantile=s.quantile,
             target_transforms={name: "log1p" for name in models},
             calibration_offsets=offsets,
+            baselines=baselines,
             training_samples=samples,
             metrics=metrics,
             xgboost_version=xgb.__version__,
@@ -300,15 +360,10 @@ def min_leaf_samples(objective: str, quantile: float) -> int:
     return math.ceil(MIN_TAIL_SAMPLES / min(quantile, 1.0 - quantile) - 1e-9)
 
 
-def thin(snapshot: WindowSnapshot, max_samples: int) -> WindowSnapshot:
-    """At most ``max_samples`` rows: every stratum keeps its newest ``min(size, quota)`` rows,
-    with one quota for all strata (water-filling), so small strata are kept whole."""
-    if len(snapshot) <= max_samples:
-        return snapshot
-    _, starts, counts = np.unique(snapshot.strata, return_index=True, return_counts=True)
-    quota = fair_quota(counts, max_samples)
-    keep_from = np.repeat(starts + counts - np.minimum(counts, quota), counts)
-    return snapshot.take(np.flatnonzero(np.arange(len(snapshot)) >= keep_from))
+def monotone_constraints(model: str) -> str:
+    """XGBoost's ``monotone_constraints`` for ``model``: +1 for ``MONOTONE_INCREASING`` features."""
+    increasing = MONOTONE_INCREASING[model]
+    return "(" + ",".join("1" if name in increasing else "0" for name in FEATURE_NAMES) + ")"
 
 
 def _summary(c: _Candidate) -> dict[str, Any]:

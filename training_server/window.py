@@ -89,6 +89,32 @@ class WindowSnapshot:
     def take(self, rows: np.ndarray) -> WindowSnapshot:
         return WindowSnapshot(self.data[rows], self.strata[rows])
 
+    def thinned(self, max_samples: int) -> WindowSnapshot:
+        """At most ``max_samples`` rows, thinned as ``StratifiedWindow.snapshot`` does (``newest_fairly``)."""
+        if len(self) <= max_samples:
+            return self
+        ids, starts, counts = np.unique(self.strata, return_index=True, return_counts=True)
+        parts = newest_fairly(
+            [self.data[a : a + c] for a, c in zip(starts, counts, strict=True)], max_samples
+        )
+        return _from_parts(ids.tolist(), parts)
+
+
+def newest_fairly(parts: list[np.ndarray], max_samples: int | None) -> list[np.ndarray]:
+    """Fair thinning, the one implementation: of each stratum's rows (oldest first) keep the newest
+    ``min(size, quota)``, one quota for all strata (``fair_quota``), so small strata stay whole."""
+    total = sum(len(p) for p in parts)
+    if max_samples is None or total <= max_samples:
+        return parts
+    quota = fair_quota(np.array([len(p) for p in parts]), max_samples)
+    return [p[len(p) - min(len(p), quota) :] for p in parts]
+
+
+def _from_parts(strata: list[int], parts: list[np.ndarray]) -> WindowSnapshot:
+    data = np.concatenate(parts) if parts else np.empty((0, len(COLUMN_NAMES)))
+    sizes = [len(p) for p in parts]
+    return WindowSnapshot(data, np.repeat(np.array(strata, dtype=np.int64), sizes))
+
 
 def fair_quota(counts: np.ndarray, max_total: int) -> int:
     """Largest per-stratum quota q with ``sum(min(counts, q)) <= max_total`` (water-filling):
@@ -223,18 +249,13 @@ class StratifiedWindow:
     def snapshot(self, max_samples: int | None = None) -> WindowSnapshot:
         """A consistent copy of the samples, grouped by stratum (ascending), oldest first.
 
-        With ``max_samples``, each stratum contributes only its newest ``quota`` samples, one
-        quota for all strata (see ``fair_quota``), so the lock is held for a bounded copy.
+        With ``max_samples``, thinned fairly across strata (``newest_fairly``) before the copy,
+        so the lock is held for a bounded copy.
         """
         with self.lock:
             strata = sorted(self._rings)
-            quota = None
-            if max_samples is not None and self._size > max_samples:
-                quota = fair_quota(np.array([self._rings[s].size for s in strata]), max_samples)
-            parts = [self._rings[s].ordered()[-quota:] if quota else self._rings[s].ordered() for s in strata]
-            sizes = [len(p) for p in parts]
-            data = np.concatenate(parts) if parts else np.empty((0, len(COLUMN_NAMES)))
-        return WindowSnapshot(data, np.repeat(np.array(strata, dtype=np.int64), sizes))
+            snap = _from_parts(strata, newest_fairly([self._rings[s].ordered() for s in strata], max_samples))
+        return snap
 
     def strata_sizes(self) -> dict[int, int]:
         """Samples per non-empty stratum. Lock-free for the event loop: copying the dict's items

@@ -19,7 +19,7 @@ import xgboost as xgb
 
 from prediction_server.app import create_app
 from prediction_server.config import PredictionSettings
-from shared.artifacts import Manifest, ModelStore, to_latency_ms
+from shared.artifacts import Manifest, ModelStore, served_latency_ms
 from shared.features import build_features
 from shared.schemas import MAX_BULK_ROWS, parse_rows
 from tests.prediction_support import ROW, publish_trained, random_rows
@@ -110,8 +110,10 @@ async def test_predictions_through_http_equal_xgboost_booster_predict(
     features = build_features(parse_rows(rows))
     for name in ("ttft", "tpot"):
         booster = xgb.Booster(model_file=bytearray(model_set.files[name]))
-        expected = to_latency_ms(
-            booster.predict(xgb.DMatrix(features), output_margin=True), model_set.manifest.models[name]
+        expected = served_latency_ms(
+            booster.predict(xgb.DMatrix(features), output_margin=True),
+            features,
+            model_set.manifest.models[name],
         )
         got = np.array([p[f"{name}_ms"] for p in predictions])
         np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -112,3 +112,19 @@ def test_a_restored_window_replaces_the_prior_at_start(tmp_path: Path) -> None:
     with TestClient(create_app(settings)) as client:
         wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
         assert client.get("/status").json()["training"]["last_outcome"] == "published"
+
+
+def test_a_drift_request_retrains_at_once_and_model_age_is_reported(tmp_path: Path) -> None:
+    """``request_now`` (the drift detector's call, from any thread) starts a retrain without new-sample
+    or interval triggers; ``/status`` and ``/metrics`` report the serving version's age."""
+    with TestClient(create_app(make_settings(tmp_path))) as client:
+        _fill(client, 2)
+        prior_age = client.get("/status").json()["current_age_s"]
+        assert prior_age is not None and prior_age >= 0
+        wait_for(lambda: metric(client, "training_model_age_seconds") > prior_age)
+        service_of(client).scheduler.request_now("drift: ttft coverage fell in waiting=8-15")
+        wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
+        status = client.get("/status").json()
+        assert status["training"]["last_trigger"] == "drift: ttft coverage fell in waiting=8-15"
+        assert status["current_age_s"] < metric(client, "training_model_age_seconds") + 1.0
+        assert status["current_age_s"] < 10.0

@@ -9,7 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.artifacts import CURRENT_FILE, Manifest, ModelStore, to_latency_ms, to_margin_target
+from shared.artifacts import CURRENT_FILE, Manifest, ModelStore, served_latency_ms, to_margin_target
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, NUM_FEATURES, build_features
 from shared.prior import build_prior_models, prior_latency_ms, publish_prior
@@ -42,8 +42,9 @@ def test_features_are_float32_in_declared_order_with_derived_columns():
 def test_latency_transform_round_trips_and_clips_negative():
     spec = dataclasses.replace(_spec(), calibration_offset=0.0)
     y = np.array([0.0, 5.0, 1234.5])
-    assert np.allclose(to_latency_ms(to_margin_target(y, "log1p"), spec), y)
-    assert to_latency_ms(np.array([-5.0]), spec)[0] == 0.0
+    rows = np.zeros((len(y), NUM_FEATURES), dtype=np.float32)
+    assert np.allclose(served_latency_ms(to_margin_target(y, "log1p"), rows, spec), y)
+    assert served_latency_ms(np.array([-5.0]), rows[:1], spec)[0] == 0.0
 
 
 def _spec():

@@ -20,8 +20,8 @@ from shared.artifacts import (
     Manifest,
     ModelSpec,
     ModelStore,
+    served_latency_ms,
     sha256_hex,
-    to_latency_ms,
     utc_now_iso,
     verify_model_set,
 )
@@ -55,7 +55,7 @@ def test_predictions_equal_xgboost_own_predict_on_random_rows(store: ModelStore,
     for name, got in (("ttft", ttft), ("tpot", tpot)):
         booster = xgb.Booster(model_file=bytearray(model_set.files[name]))
         margin = booster.predict(xgb.DMatrix(features), output_margin=True)
-        expected = to_latency_ms(margin, model_set.manifest.models[name])
+        expected = served_latency_ms(margin, features, model_set.manifest.models[name])
         # The margin is float32 in both; equal up to float32 rounding of the margin.
         np.testing.assert_allclose(got, expected, rtol=1e-6)
         assert got.dtype == np.float64 and (got > 0).all()

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
-from shared.artifacts import ModelSet, ModelStore, to_latency_ms
+from shared.artifacts import ModelSet, ModelStore, served_latency_ms
 from shared.features import build_features
 from shared.prior import publish_prior
 from training_server import synthetic
 from training_server.config import TrainingSettings
 from training_server.evaluation import calibration_mask, conformal_offset, evaluate, pinball_loss
-from training_server.trainer import Trainer, TrainingCancelled, min_leaf_samples, thin
+from training_server.trainer import Trainer, TrainingCancelled, min_leaf_samples
 from training_server.window import StratifiedWindow, WindowSnapshot
 
 QUANTILE = 0.9
@@ -44,8 +44,9 @@ def _window(n: int, seed: int, **kw: int) -> StratifiedWindow:
 def _predict(model_set: ModelSet, name: str, columns: dict[str, np.ndarray]) -> np.ndarray:
     booster = xgb.Booster(params={"nthread": 1})
     booster.load_model(bytearray(model_set.files[name]))
-    margin = booster.inplace_predict(build_features(columns), predict_type="margin")
-    return to_latency_ms(margin, model_set.manifest.models[name])
+    features = build_features(columns)
+    margin = booster.inplace_predict(features, predict_type="margin")
+    return served_latency_ms(margin, features, model_set.manifest.models[name])
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +168,11 @@ def test_thinning_keeps_small_strata_whole_and_the_newest_of_big_ones() -> None:
     strata = np.repeat(np.array([3, 7, 11]), [1000, 10, 500])
     data = np.zeros((1510, 15))
     data[:, 0] = np.arange(1510)  # row identity, oldest first within each stratum
-    thinned = thin(WindowSnapshot(data, strata), 600)
+    thinned = WindowSnapshot(data, strata).thinned(600)
     counts = dict(zip(*np.unique(thinned.strata, return_counts=True), strict=True))
     assert counts == {3: 295, 7: 10, 11: 295}
     assert thinned.data[thinned.strata == 3, 0].tolist() == list(range(705, 1000))
-    assert thin(WindowSnapshot(data, strata), 5000) is not None
+    assert len(WindowSnapshot(data, strata).thinned(5000)) == 1510
 
 
 def test_conformal_offset_and_metrics() -> None:

@@ -1,0 +1,77 @@
+"""The work-ahead baseline: a linear latency model that grows with queued work (numpy only).
+
+Trees predict a constant beyond the deepest queue they were trained on. A model whose latency is
+``baseline_ms * exp(trees)`` instead keeps growing with the work ahead of a request, because the
+baseline is linear in that work and the trees learn only the log-ratio around it. The training
+server fits the baseline (``training_server.baseline_fit``) and records it in the manifest
+(``shared.artifacts.ModelSpec.baseline``) as a plain dict::
+
+    {"kind": "linear", "features": ["num_request_waiting", ...], "intercept": 12.0,
+     "coefficients": [30.5, ...]}
+
+``baseline_ms`` evaluates it on a feature matrix built by ``shared.features.build_features``;
+training, evaluation and serving all call it, through ``shared.artifacts.served_latency_ms``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from shared.errors import ArtifactError
+from shared.features import FEATURE_NAMES
+
+BASELINE_KIND = "linear"
+_INDEX = {name: j for j, name in enumerate(FEATURE_NAMES)}
+
+# The work ahead of a request, per model: what a quantile regression with non-negative slopes
+# is fitted on. TTFT waits for the prefill queued and in flight ahead of it, plus its own
+# uncached prompt; TPOT slows with the decode work sharing the batch and prefill interleaved with it.
+WORK_FEATURES: dict[str, tuple[str, ...]] = {
+    "ttft": ("num_request_waiting", "prefill_tokens_in_flight", "uncached_input_tokens", "queue_depth"),
+    "tpot": ("num_request_running", "decode_tokens_in_flight", "prefill_tokens_in_flight"),
+}
+
+
+def check_baseline(baseline: dict[str, Any]) -> None:
+    """Raise ``ArtifactError`` unless ``baseline`` is a usable description (see the module docstring)."""
+    try:
+        names = list(baseline["features"])
+        coefficients = [float(c) for c in baseline["coefficients"]]
+        intercept = float(baseline["intercept"])
+        kind = baseline["kind"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"unreadable baseline: {exc!r}") from exc
+    if kind != BASELINE_KIND:
+        raise ArtifactError(f"unknown baseline kind {kind!r}")
+    unknown = [name for name in names if name not in _INDEX]
+    if unknown or len(names) != len(coefficients):
+        raise ArtifactError(f"baseline features {names} do not match the feature schema or coefficients")
+    if not np.isfinite([intercept, *coefficients]).all():
+        raise ArtifactError("baseline coefficients are not finite")
+
+
+def baseline_ms(features: np.ndarray, baseline: dict[str, Any]) -> np.ndarray:
+    """The baseline latency (ms, float64, >= 0) of each row of a ``build_features`` matrix.
+
+    On the prediction hot path: the description is turned into arrays once per baseline object.
+    """
+    _, columns, coefficients, intercept = _compiled(baseline)
+    values = np.dot(features[:, columns], coefficients)
+    values += intercept
+    return np.maximum(values, 0.0, out=values)
+
+
+_COMPILED: dict[int, tuple[dict[str, Any], np.ndarray, np.ndarray, float]] = {}
+
+
+def _compiled(baseline: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray, np.ndarray, float]:
+    entry = _COMPILED.get(id(baseline))
+    if entry is None or entry[0] is not baseline:  # ids are reused once an object is gone
+        if len(_COMPILED) > 64:
+            _COMPILED.clear()
+        columns = np.array([_INDEX[name] for name in baseline["features"]], dtype=np.intp)
+        coefficients = np.asarray(baseline["coefficients"], dtype=np.float64)
+        entry = _COMPILED[id(baseline)] = (baseline, columns, coefficients, float(baseline["intercept"]))
+    return entry

@@ -1,0 +1,141 @@
+"""The model structure: a work-ahead baseline the trees are trained around, monotone in the work.
+
+Trained on queues no deeper than K, the served TTFT must keep growing at 3K (trees alone predict
+a flat TTFT beyond the deepest queue they saw), and more queued work never lowers it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+import xgboost as xgb
+
+from prediction_server.predictor import Predictor
+from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
+from shared.baseline import baseline_ms
+from shared.errors import ArtifactError
+from shared.features import build_features
+from shared.prior import publish_prior
+from training_server import synthetic
+from training_server.baseline_fit import quantile_regression_nonneg
+from training_server.config import TrainingSettings
+from training_server.trainer import Trainer
+from training_server.window import StratifiedWindow
+
+QUANTILE = 0.9
+K = 6
+
+
+def _train(tmp_path: Path, **overrides: Any) -> ModelStore:
+    """Publish a model trained only on queues of at most K waiting requests."""
+    settings = TrainingSettings(
+        data_dir=tmp_path, n_estimators=60, min_train_samples=200, stratum_cap=1_000_000, **overrides
+    )
+    store = ModelStore(settings.store_dir)
+    publish_prior(store, QUANTILE)
+    columns = synthetic.samples(12_000, np.random.default_rng(1))
+    keep = columns["num_request_waiting"] <= K
+    columns = {name: column[keep] for name, column in columns.items()}
+    n = len(columns["num_request_waiting"])
+    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=3600)
+    window.insert(columns, time.time() - 100 + np.linspace(0, 99, n))
+    assert Trainer(store, settings).run(window.snapshot(), time.time()).outcome == "published"
+    return store
+
+
+@pytest.fixture(scope="module")
+def structured(tmp_path_factory: pytest.TempPathFactory) -> ModelStore:
+    return _train(tmp_path_factory.mktemp("structured"))
+
+
+def _served_ttft(store: ModelStore, waiting: int, seed: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """The prediction server's TTFT for pod states pinned at ``waiting``, and sampled actuals."""
+    columns = synthetic.samples(3000, np.random.default_rng(seed), waiting=waiting)
+    ttft, _ = Predictor.from_model_set(store.load()).predict(build_features(columns))
+    return ttft, columns["actual_ttft_ms"]
+
+
+def test_ttft_keeps_growing_with_queued_work_beyond_the_trained_depth(structured: ModelStore) -> None:
+    at_k, _ = _served_ttft(structured, K)
+    at_3k, actual_3k = _served_ttft(structured, 3 * K)
+    # The true TTFT roughly doubles from K to 3K waiting; the prediction must follow, not stay flat.
+    assert float(np.median(at_3k / at_k)) > 1.6
+    assert float(np.mean(actual_3k <= at_3k)) > 0.7, "an overload never seen is still mostly covered"
+
+
+def test_without_the_baseline_trees_predict_a_flat_ttft_past_the_trained_depth(tmp_path: Path) -> None:
+    """The failure the baseline fixes, kept visible: trees alone stop at the deepest queue seen."""
+    store = _train(tmp_path, work_baseline=False, monotone_constraints=False)
+    at_k, _ = _served_ttft(store, K)
+    at_3k, actual_3k = _served_ttft(store, 3 * K)
+    assert float(np.median(at_3k / at_k)) < 1.1
+    assert float(np.mean(actual_3k <= at_3k)) < 0.3
+
+
+def test_more_queued_work_never_lowers_ttft_and_more_decode_work_never_lowers_tpot(
+    structured: ModelStore,
+) -> None:
+    predictor = Predictor.from_model_set(structured.load())
+    columns = synthetic.pod_states(200, np.random.default_rng(7))
+    queued = {"num_request_waiting": 2.0, "prefill_tokens_in_flight": 1500.0}
+    decoding = {"decode_tokens_in_flight": 8000.0, "num_request_running": 4.0}
+    for model, growth in ((0, queued), (1, decoding)):
+        previous = None
+        for step in range(12):
+            grown = {
+                **columns,
+                **{name: columns[name] + per_step * step for name, per_step in growth.items()},
+            }
+            predicted = predictor.predict(build_features(grown))[model]
+            if previous is not None:
+                assert (predicted >= previous * (1 - 1e-6)).all(), (model, step)
+            previous = predicted
+
+
+def test_the_manifest_records_the_baseline_and_serving_matches_the_trainers_arithmetic(
+    structured: ModelStore,
+) -> None:
+    model_set = structured.load()
+    spec = model_set.manifest.models["ttft"]
+    assert spec.baseline is not None and spec.baseline["kind"] == "linear"
+    assert all(c >= 0 for c in spec.baseline["coefficients"])
+    features = build_features(synthetic.pod_states(500, np.random.default_rng(3)))
+    booster = xgb.Booster(model_file=bytearray(model_set.files["ttft"]))
+    trees = booster.inplace_predict(features, predict_type="margin")
+    expected = np.expm1(trees + np.log1p(baseline_ms(features, spec.baseline)) + spec.calibration_offset)
+    np.testing.assert_allclose(served_latency_ms(trees, features, spec), expected, rtol=1e-9)
+    served, _ = Predictor.from_model_set(model_set).predict(features)
+    np.testing.assert_allclose(served, expected, rtol=1e-5)
+
+
+def test_manifests_without_a_baseline_still_load_and_a_bad_baseline_is_refused(
+    structured: ModelStore,
+) -> None:
+    data = structured.load().manifest.to_json()
+    old = orjson.loads(data)  # as a version written before baselines existed
+    for spec in old["models"].values():
+        spec.pop("baseline")
+    loaded = Manifest.from_json(orjson.dumps(old))
+    assert all(spec.baseline is None for spec in loaded.models.values())
+    loaded.check_compatible()
+    bad = orjson.loads(data)
+    bad["models"]["ttft"]["baseline"]["features"] = ["no_such_feature"]
+    with pytest.raises(ArtifactError):
+        Manifest.from_json(orjson.dumps(bad)).check_compatible()
+    assert ModelSpec(file="x", sha256="", size_bytes=0).baseline is None
+
+
+def test_quantile_regression_recovers_non_negative_slopes() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 100, (20_000, 3))
+    y = (10 + 3.0 * x[:, 0] + 0.5 * x[:, 1]) * np.exp(0.2 * rng.standard_normal(len(x)))
+    intercept, slopes = quantile_regression_nonneg(x, y, QUANTILE)
+    assert (slopes >= 0).all()
+    fitted = intercept + x @ slopes
+    assert abs(float(np.mean(y <= fitted)) - QUANTILE) < 0.02
+    assert slopes[0] > 3.0 and slopes[2] < 0.2  # the p90 grows faster than the median; x2 is noise
