@@ -29,31 +29,81 @@ def markdown_table(results: Sequence[RunResult], heuristics: set[str]) -> str:
             lines.append(
                 f"| {load} | {name} | {kind} | {100 * r.attainment:.1f}% | {rejected:.1f}% "
                 f"| {_ms(r.ttft_ms)} | {_ms(r.tpot_ms, 1)} | {r.throughput_rps:.1f} | {r.goodput_rps:.1f} "
-                f"| {r.fallback_decisions if kind == 'predicted' else '-'} |"
+                f"| {_share(r) if kind == 'predicted' else '-'} |"
             )
     return "\n".join(lines)
 
 
+def pooled(per_seed: Sequence[tuple[int, RunResult]]) -> list[RunResult]:
+    """One result per (scenario, policy) over the seeds: counts summed (so attainment is pooled),
+    latency percentiles, throughput and goodput averaged over the seeds' runs."""
+    groups: dict[tuple[str, str], list[RunResult]] = {}
+    for _, r in per_seed:
+        groups.setdefault((r.scenario, r.policy), []).append(r)
+    out = []
+    for (scenario, policy), runs in groups.items():
+        n = len(runs)
+        out.append(
+            RunResult(
+                scenario=scenario,
+                policy=policy,
+                arrivals=sum(r.arrivals for r in runs),
+                completed=sum(r.completed for r in runs),
+                rejected=sum(r.rejected for r in runs),
+                met_slo=sum(r.met_slo for r in runs),
+                ttft_ms={k: sum(r.ttft_ms[k] for r in runs) / n for k in runs[0].ttft_ms},
+                tpot_ms={k: sum(r.tpot_ms[k] for r in runs) / n for k in runs[0].tpot_ms},
+                throughput_rps=sum(r.throughput_rps for r in runs) / n,
+                goodput_rps=sum(r.goodput_rps for r in runs) / n,
+                fallback_decisions=sum(r.fallback_decisions for r in runs),
+            )
+        )
+    return out
+
+
+def paired_differences(
+    per_seed: Sequence[tuple[int, RunResult]], scenario: str, policy: str, baseline: str
+) -> list[float]:
+    """Per seed: attainment of ``policy`` minus ``baseline`` on ``scenario``, in points."""
+    att = {(seed, r.policy): r.attainment for seed, r in per_seed if r.scenario == scenario}
+    seeds = sorted({seed for seed, _ in per_seed})
+    return [
+        100 * (att[(seed, policy)] - att[(seed, baseline)])
+        for seed in seeds
+        if (seed, policy) in att and (seed, baseline) in att
+    ]
+
+
+TARGETS = ("recommended", "recommended+admission")
+
+
 def summary_table(
-    results: Sequence[RunResult], heuristics: set[str], offered: dict[str, float], noise: dict[str, float]
+    results: Sequence[RunResult],
+    per_seed: Sequence[tuple[int, RunResult]],
+    heuristics: set[str],
+    offered: dict[str, float],
+    noise: dict[str, float],
 ) -> str:
-    """Per load: the best heuristic, the best predicted-latency policy and the difference in points."""
+    """Per load: the best heuristic, then each target policy (or the best predicted one) against it."""
+    names = {r.policy for r in results}
+    targets = [t for t in TARGETS if t in names]
     lines = [
-        "| load | offered (req/s) | best heuristic | attainment | best predicted-latency policy "
-        "| attainment | difference | noise floor | TTFT p99 (ms), heuristic / predicted |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|",
+        "| load | offered (req/s) | best heuristic | attainment | policy | attainment | difference "
+        "| per seed | noise floor | TTFT p99 (ms), heuristic / policy |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for load in _ordered(r.scenario for r in results):
-        rows = [r for r in results if r.scenario == load]
-        h = max((r for r in rows if r.policy in heuristics), key=_att)
-        p = max((r for r in rows if r.policy not in heuristics), key=_att)
-        diff = 100 * (p.attainment - h.attainment)
-        floor = noise.get(load, math.nan)
-        lines.append(
-            f"| {load} | {offered.get(load, math.nan):.1f} | {h.policy} | {100 * h.attainment:.1f}% "
-            f"| {p.policy} | {100 * p.attainment:.1f}% | {diff:+.1f} pts | {floor:.1f} pts "
-            f"| {h.ttft_ms['p99']:.0f} / {p.ttft_ms['p99']:.0f} |"
-        )
+        rows = {r.policy: r for r in results if r.scenario == load}
+        h = max((r for r in rows.values() if r.policy in heuristics), key=_att)
+        best = max((r for r in rows.values() if r.policy not in heuristics), key=_att)
+        for p in [rows[t] for t in targets] or [best]:
+            diff = 100 * (p.attainment - h.attainment)
+            seeds = " / ".join(f"{d:+.1f}" for d in paired_differences(per_seed, load, p.policy, h.policy))
+            lines.append(
+                f"| {load} | {offered.get(load, math.nan):.1f} | {h.policy} | {100 * h.attainment:.1f}% "
+                f"| {p.policy} | {100 * p.attainment:.1f}% | {diff:+.1f} pts | {seeds} "
+                f"| {noise.get(load, math.nan):.1f} pts | {h.ttft_ms['p99']:.0f} / {p.ttft_ms['p99']:.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -96,6 +146,10 @@ def plot(results: Sequence[RunResult], heuristics: set[str], path: Path) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _share(r: RunResult) -> str:
+    return f"{100 * r.fallback_decisions / r.arrivals:.1f}% ({r.fallback_decisions})"
 
 
 def _att(r: RunResult) -> float:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scheduler_client import LatencyClient, Policy, RoutingRequest
+from scheduler_client import LatencyClient, Policy, RoutingRequest, decide
+from scheduler_client.router import PredictionSource
 from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
 
 SLO_CLASSES: tuple[tuple[str, float, float, float], ...] = (
@@ -154,7 +155,7 @@ def _percentiles(values: np.ndarray) -> dict[str, float]:
 async def run_policy(
     scenario: Scenario,
     policy: Policy,
-    client: LatencyClient | None = None,
+    client: PredictionSource | None = None,
     *,
     feed: LatencyClient | None = None,
     on_completion: Callable[[Completion], None] | None = None,
@@ -183,14 +184,14 @@ async def run_policy(
             await asyncio.sleep(0)  # let other runs' calls and timers proceed
         finished(cluster.advance_to(req.arrival_s))
         rows = cluster.candidate_rows(req)
-        predictions = None
         if policy.uses_predictions and client is not None:
-            predictions = await client.predict_for_routing(rows)
+            decision, predictions = await decide(client, policy, routing, rows)
             if predictions is None:
                 fallbacks += 1
             else:
                 versions[predictions[0].model_version or "?"] += 1
-        decision = policy.choose(routing, rows, predictions)
+        else:
+            decision = policy.choose(routing, rows)
         if decision.pod is None:
             rejected += 1
             continue

@@ -1,31 +1,29 @@
-"""``python -m coalescer``: run the coalescer (one process; uvicorn with uvloop and httptools)."""
+"""``python -m coalescer`` (console script ``latency-coalescer``): run the coalescer (one process)."""
 
 from __future__ import annotations
 
-import uvicorn
+import sys
+from collections.abc import Sequence
 
 from coalescer.app import create_app
 from coalescer.config import CoalescerSettings
-from shared.config import settings_from_cli
+from shared.config import service_settings_from_cli
 from shared.logging import configure_logging
+from shared.serve import serve
 
 
-def main() -> None:
-    settings = settings_from_cli(CoalescerSettings, prog="coalescer")
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = service_settings_from_cli(CoalescerSettings, argv, prog="python -m coalescer")
     configure_logging("coalescer", settings.log_level)
-    uvicorn.run(
+    serve(
         create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_config=None,
-        access_log=False,
+        settings,
+        graceful_s=max(5, round(settings.relay_wait_budget_s) + 1),
         proxy_headers=False,  # nothing here uses the client address; skip the per-request middleware
         server_header=False,
-        timeout_graceful_shutdown=max(5, round(settings.relay_drain_s) + 2),
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,19 +2,18 @@
 
 The lifespan creates the httpx client (probes, status, reload, relay), the replica pool and its
 hot-path connections, the batcher, the sample relay, and their background tasks (prober, DNS
-refresher, relay sender; the batcher's dispatcher runs inline on events and on its own timer, see
-``coalescer.batcher``). It keeps a reference to every task, logs any that dies, and on shutdown
-cancels and awaits them, fails what still waits, stops the batch calls in flight, and gives the
-relay ``relay_drain_s`` to deliver buffered samples.
+refresher, loop-lag monitor; the batcher's dispatcher runs inline on events and on its own timer,
+see ``coalescer.batcher``). It keeps a reference to every task, logs any that dies, and on
+shutdown refuses new samples, cancels and awaits the tasks, fails what still waits and stops the
+batch calls in flight. The relay holds nothing acknowledged, so there is nothing to drain.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -22,43 +21,20 @@ from fastapi import FastAPI
 
 from coalescer.batcher import SLOW_CALL_SHARE, Batcher
 from coalescer.config import CoalescerSettings
-from coalescer.metrics import CoalescerMetrics, ReplicaCollector, create_metrics, gauge_from
+from coalescer.loop_lag import LoopLagMonitor
+from coalescer.metrics import ReplicaCollector, create_metrics, gauge_from
 from coalescer.predict import ASGIApp, PredictionEndpoints
 from coalescer.relay import AimdRate, SampleRelay
+from coalescer.routes import build_routes
+from coalescer.runtime import Runtime
 from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
+from shared.client import bearer_header_lines, bearer_headers
 from shared.errors import ServiceError
-from shared.http import install_error_handlers
+from shared.http import docs_routes, install_error_handlers
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Runtime:
-    """What the routes use: settings and metrics from the start, the rest once the lifespan runs."""
-
-    settings: CoalescerSettings
-    metrics: CoalescerMetrics
-    resolver: Resolver
-    http: httpx.AsyncClient | None = None
-    pool: ReplicaPool | None = None
-    batcher: Batcher | None = None
-    relay: SampleRelay | None = None
-    training: TrainingProxy | None = None
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        task.add_done_callback(_report_exit)
-        self.tasks.append(task)
-
-
-def _report_exit(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log_event(
-            log, "background_task_failed", logging.ERROR, task=task.get_name(), error=repr(task.exception())
-        )
 
 
 class CoalescerApp(FastAPI):
@@ -81,14 +57,13 @@ class CoalescerApp(FastAPI):
 
 def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all) -> CoalescerApp:
     """Build the app; nothing runs until its lifespan starts (``resolver`` is injectable for tests)."""
-    from coalescer.routes import build_routes  # routes import Runtime from here
-
     metrics = create_metrics()
-    rt = Runtime(settings, metrics, resolver)
+    rt = Runtime(settings, metrics, resolver, LoopLagMonitor())
     app = CoalescerApp(
         title="coalescer",
         description="Batches scheduler prediction calls to prediction replicas; relays training samples.",
         lifespan=lambda _app: _lifespan(rt),
+        **docs_routes(settings.expose_internals),
     )
     app.state.runtime = rt
 
@@ -106,6 +81,8 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
         count_call=lambda name: metrics.callers.labels(name).inc,
         time_call=lambda name, code: metrics.call_seconds.labels(name, str(code)).observe,
         on_error=count_rejection,
+        loop_lag=rt.lag.lag_s,
+        max_lag_share=settings.max_loop_lag_share,
     ).handlers()
     app.router.routes.extend(build_routes(rt, app.fast_paths))
     install_error_handlers(app, on_error=count_rejection)
@@ -116,8 +93,9 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
 async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
     s = rt.settings
     token = s.token
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    rt.http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(2.0), follow_redirects=False)
+    rt.http = httpx.AsyncClient(
+        headers=bearer_headers(token), timeout=httpx.Timeout(2.0), follow_redirects=False
+    )
     rt.pool = pool = ReplicaPool(
         max_inflight=s.max_inflight_per_replica, eject_cooldown_s=s.eject_cooldown_s, http=rt.http
     )
@@ -135,7 +113,7 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
         slow_call_s=s.deadline_ms / 1000.0 * SLOW_CALL_SHARE,
         eager_inflight=s.eager_inflight_per_replica,
         max_inflight=s.max_inflight_per_replica,
-        upstream_headers=f"Authorization: Bearer {token}\r\n" if token else "",
+        upstream_headers=bearer_header_lines(token),
     )
     if s.training_url:
         rate = AimdRate(
@@ -150,10 +128,9 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
             rt.http,
             rt.metrics,
             rate,
-            capacity=s.relay_buffer_samples,
-            batch_samples=s.relay_batch_samples,
+            max_inflight_bytes=s.relay_max_inflight_bytes,
             timeout_s=s.relay_timeout_s,
-            token=token,
+            wait_budget_s=s.relay_wait_budget_s,
         )
     if s.training_url:
         rt.training = TrainingProxy(
@@ -167,8 +144,7 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
     rt.spawn(pool.run_prober(s.probe_interval_s), "prober")
     if s.prediction_dns:
         rt.spawn(pool.run_dns(s.prediction_dns, rt.resolver, s.dns_refresh_s), "dns_refresher")
-    if rt.relay is not None:
-        rt.spawn(rt.relay.run(), "relay")
+    rt.spawn(rt.lag.run(), "loop_lag_monitor")
     log_event(
         log,
         "coalescer_started",
@@ -181,13 +157,15 @@ async def _lifespan(rt: Runtime) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        # uvicorn has waited (up to relay_wait_budget_s) for the requests in flight; a relay still
+        # running now is cancelled with its connection, so its sender gets an error, never a 202.
+        if rt.relay is not None:
+            rt.relay.close()
         for task in rt.tasks:
             task.cancel()
         await asyncio.gather(*rt.tasks, return_exceptions=True)
         rt.tasks.clear()
         await batcher.close()
-        if rt.relay is not None:
-            await rt.relay.drain(s.relay_drain_s)
         await pool.close()
         if rt.training is not None:
             await rt.training.close()
@@ -221,11 +199,20 @@ def _register_gauges(rt: Runtime) -> None:
     registry.register(ReplicaCollector(lambda: pool.replicas))
     if relay is not None:
         gauge_from(
-            registry, "coalescer_relay_rate", "Relay send rate, batches per second", lambda: relay.rate.rate
+            registry,
+            "coalescer_relay_rate",
+            "Relay admission rate (AIMD), sample requests per second",
+            lambda: relay.rate.rate,
         )
         gauge_from(
             registry,
-            "coalescer_relay_buffer_samples",
-            "Samples waiting to be relayed",
-            lambda: relay.buffered,
+            "coalescer_relay_inflight_bytes",
+            "Bytes of sample bodies being read or forwarded to the training server",
+            lambda: relay.inflight_bytes,
+        )
+        gauge_from(
+            registry,
+            "coalescer_relay_inflight_requests",
+            "Sample requests being read or forwarded to the training server",
+            lambda: relay.inflight_requests,
         )

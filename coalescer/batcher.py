@@ -381,7 +381,10 @@ class Batcher:
 
     def _on_failure(self, batch: _Batch, replica: Replica, failure: CallFailed) -> None:
         self._metrics.upstream_failures.labels(failure.kind).inc()
-        if failure.eject:
+        timed_out = failure.kind == "timeout"
+        if failure.eject and timed_out:
+            self._pool.suspect(replica, str(failure))  # slow or dead: /healthz decides
+        elif failure.eject:
             self._pool.mark_failure(replica, str(failure))
         batch.last_error = failure.caller_error
         # A caller whose time is up gets its 504 now, whichever timer fired first.
@@ -392,7 +395,13 @@ class Batcher:
         batch.prune()
         if not batch.tickets:
             return
-        if failure.retryable and batch.attempts < 2:
+        # After a timeout, retry only on a replica that is not slow too: when every replica is
+        # slow (CPU overload), a retry adds load and cannot beat the deadline.
+        if (
+            failure.retryable
+            and batch.attempts < 2
+            and not (timed_out and self._pool.all_slow([*batch.failed_on, replica]))
+        ):
             batch.failed_on.append(replica)
             self._retries.append(batch)
             self._metrics.retries.inc()

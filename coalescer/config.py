@@ -6,24 +6,19 @@ checked here, so a bad configuration fails at start with a message naming the se
 
 from __future__ import annotations
 
-from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings
 
-from shared.config import CommaList, settings_config
-from shared.schemas import MAX_BULK_ROWS
-
-MAX_RELAY_BATCH_SAMPLES = 1000
+from shared.config import CommaList, ServiceSettings, settings_config
+from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
 
 
-class CoalescerSettings(BaseSettings):
+class CoalescerSettings(ServiceSettings):
     """The scheduler's front door: batches prediction calls to replicas and relays training samples."""
 
     model_config = settings_config("COALESCER_")
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default)")
     port: int = Field(default=8080, ge=1, le=65535, description="TCP port to listen on")
     prediction_urls: CommaList = Field(
         default_factory=list,
@@ -81,34 +76,41 @@ class CoalescerSettings(BaseSettings):
         description="Default total deadline of a prediction call (queue wait, upstream call and one "
         "retry); a caller may ask for a shorter one with the X-Deadline-Ms header",
     )
+    max_loop_lag_share: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="Shed prediction calls at once (503) while the event loop runs later than this share "
+        "of their deadline (time queued before the handler); the lag also counts against each deadline",
+    )
     eject_cooldown_s: float = Field(
         default=5.0, gt=0, description="How long a failed replica gets no traffic before it is probed back"
     )
     probe_interval_s: float = Field(
         default=0.5, gt=0, description="How often ejected and not-yet-ready replicas are probed on /readyz"
     )
-    relay_buffer_samples: int = Field(
-        default=200_000,
-        ge=1,
-        description="Training samples held for the training server; beyond it senders get 429",
+    relay_max_inflight_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=MAX_TRAINING_BODY_BYTES,
+        description="Bytes of sample bodies being read or forwarded at once (the relay's whole memory "
+        "bound; at least one 8 MiB body); beyond it senders get 429 before their body is read",
     )
-    relay_batch_samples: int = Field(
-        default=MAX_RELAY_BATCH_SAMPLES,
-        ge=1,
-        le=MAX_RELAY_BATCH_SAMPLES,
-        description="Samples per relayed bulk call (at most 1000)",
+    relay_min_rate: float = Field(
+        default=1.0, gt=0, description="Lowest relay admission rate, sample requests per second"
     )
-    relay_min_rate: float = Field(default=1.0, gt=0, description="Lowest relay send rate, batches per second")
     relay_max_rate: float = Field(
-        default=100.0, gt=0, description="Highest relay send rate, batches per second"
+        default=100.0, gt=0, description="Highest relay admission rate, sample requests per second"
     )
     relay_initial_rate: float | None = Field(
-        default=None, gt=0, description="Relay send rate at start, batches per second (default: the maximum)"
+        default=None,
+        gt=0,
+        description="Relay admission rate at start, requests per second (default: the maximum); beyond "
+        "the current rate senders get 429 with Retry-After",
     )
     relay_aimd_step: float = Field(
         default=1.0,
         gt=0,
-        description="Additive increase of the relay rate per accepted batch, batches per second",
+        description="Additive increase of the relay rate per request the training server accepted",
     )
     relay_aimd_factor: float = Field(
         default=0.8,
@@ -116,9 +118,14 @@ class CoalescerSettings(BaseSettings):
         lt=1,
         description="Multiplicative decrease of the relay rate after a 429, 5xx or timeout",
     )
-    relay_timeout_s: float = Field(default=5.0, gt=0, description="Timeout of one relayed bulk call, seconds")
-    relay_drain_s: float = Field(
-        default=5.0, ge=0, description="On shutdown, how long buffered samples may still be relayed, seconds"
+    relay_timeout_s: float = Field(
+        default=2.0, gt=0, description="Timeout of one relayed bulk call, seconds (then resent, same key)"
+    )
+    relay_wait_budget_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a sender's request may wait for the training server, resends included, "
+        "seconds; then 504 (timed out) or 503 (unreachable). Also the shutdown grace for requests in flight",
     )
     training_cache_s: float = Field(
         default=2.0,
@@ -137,8 +144,9 @@ class CoalescerSettings(BaseSettings):
     )
     auth_token: SecretStr | None = Field(
         default=None,
-        description="When set, /reload requires 'Authorization: Bearer <token>' (and /add_training_data_bulk "
-        "too with --token-protects-ingest); the token is also sent to replicas and the training server",
+        description="When set (or --auth-token-file), /reload requires 'Authorization: Bearer <token>' (and "
+        "/add_training_data_bulk too with --token-protects-ingest); the token is also sent to replicas and "
+        "the training server",
     )
     token_protects_ingest: bool = Field(
         default=False,
@@ -148,7 +156,6 @@ class CoalescerSettings(BaseSettings):
     max_body_bytes: int = Field(
         default=16 * 1024 * 1024, ge=1024, description="Largest accepted request body, bytes"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level")
 
     @field_validator("prediction_urls")
     @classmethod
@@ -185,10 +192,6 @@ class CoalescerSettings(BaseSettings):
     @property
     def batch_window_s(self) -> float:
         return self.batch_window_us / 1e6
-
-    @property
-    def token(self) -> str | None:
-        return self.auth_token.get_secret_value() if self.auth_token else None
 
 
 def check_base_url(url: str) -> None:

@@ -5,7 +5,7 @@ plain Python numbers updated without locks (``LoopCounter``/``LoopHistogram``) a
 Prometheus families only when ``/metrics`` is scraped. ``prometheus_client``'s own metric
 objects take a lock per increment; with five histogram observations per call that was a
 measurable share of the per-call CPU on the hot path. Gauges that mirror live state (queue
-depth, in-flight calls, per-replica health, relay rate and buffer) are read at scrape time.
+depth, in-flight calls, per-replica health, relay rate and bytes in flight) are read at scrape time.
 """
 
 from __future__ import annotations
@@ -140,10 +140,10 @@ class CoalescerMetrics:
     upstream_failures: Family[LoopCounter]
     retries: LoopCounter
     dropped_callers: Family[LoopCounter]
-    relay_accepted: LoopCounter
-    relay_relayed: LoopCounter
-    relay_dropped: Family[LoopCounter]
+    relay_samples_accepted: LoopCounter
+    relay_requests: Family[LoopCounter]
     relay_batches: Family[LoopCounter]
+    relay_retries: LoopCounter
 
 
 def create_metrics() -> CoalescerMetrics:
@@ -160,7 +160,8 @@ def create_metrics() -> CoalescerMetrics:
         ),
         call_seconds=m.histogram(
             "coalescer_call_duration_seconds",
-            "Prediction calls from the first byte read to the answer, by endpoint and status code",
+            "Prediction calls from their estimated arrival (the handler's start plus the event loop's lag) "
+            "to the answer, by endpoint and status code",
             LATENCY_BUCKETS_S,
             ["endpoint", "code"],
         ),
@@ -189,22 +190,27 @@ def create_metrics() -> CoalescerMetrics:
             "Callers dropped before dispatch, by reason (deadline_exceeded, disconnected)",
             ["reason"],
         ),
-        relay_accepted=m.counter(
-            "coalescer_relay_samples_accepted", "Training samples accepted (202)"
+        relay_samples_accepted=m.counter(
+            "coalescer_relay_samples_accepted",
+            "Training samples the training server accepted (202) and we acknowledged with 202",
         ).labels(),
-        relay_relayed=m.counter(
-            "coalescer_relay_samples_relayed", "Training samples the training server accepted from us"
-        ).labels(),
-        relay_dropped=m.counter(
-            "coalescer_relay_samples_dropped",
-            "Accepted training samples that never reached the training server, by reason",
-            ["reason"],
+        relay_requests=m.counter(
+            "coalescer_relay_requests",
+            "Sample requests by the answer the sender got (accepted, rate_limited, inflight_full, too_large, "
+            "invalid, upstream_throttled, upstream_rejected, upstream_error, timeout, unreachable, "
+            "shutting_down)",
+            ["outcome"],
         ),
         relay_batches=m.counter(
             "coalescer_relay_batches",
-            "Relayed bulk calls by outcome (accepted, throttled, server_error, timeout, network, rejected)",
+            "Relayed bulk calls to the training server by outcome (accepted, throttled, server_error, "
+            "timeout, network, rejected, unauthorized)",
             ["outcome"],
         ),
+        relay_retries=m.counter(
+            "coalescer_relay_retries",
+            "Relayed bulk calls resent with the same Idempotency-Key after a timeout or a network error",
+        ).labels(),
     )
 
 

@@ -21,15 +21,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from coalescer.app import Runtime
 from coalescer.predict import ASGIApp
+from coalescer.relay import IDEMPOTENCY_HEADER
+from coalescer.runtime import Runtime
 from coalescer.training_proxy import PROXIED_PATHS, TrainingServerUnavailable
 from shared.artifacts import LISTED_MODEL_NAMES, MODEL_NAMES
 from shared.errors import NotFound, ServiceError, UpstreamUnavailable
 from shared.http import check_token, json_response, read_body
 from shared.identity import root_body
 from shared.metrics import metrics_response
-from shared.schemas import loads, parse_training_entries, require_list
 
 STATUS_TIMEOUT_S = 1.0
 
@@ -37,17 +37,19 @@ STATUS_TIMEOUT_S = 1.0
 def build_routes(rt: Runtime, prediction_handlers: dict[str, ASGIApp]) -> list[BaseRoute]:
     """Every route of the app: the raw prediction handlers plus the status, admin and relay endpoints."""
     s = rt.settings
-    max_body = s.max_body_bytes
 
     async def add_training_data_bulk(request: Request) -> Response:
         if s.token_protects_ingest:
             check_token(request, s.token)
         if rt.relay is None:
             raise UpstreamUnavailable("no training server configured (--training-url)")
-        entries = require_list(loads(await read_body(request, max_body)), "entries")
-        parse_training_entries(entries, now_s=time.time())
-        n = rt.relay.accept(entries)
-        return json_response({"message": f"Accepted {n} training samples."}, status_code=202)
+        declared = request.headers.get("content-length")
+        answer = await rt.relay.handle(
+            int(declared) if declared is not None and declared.isdigit() else None,
+            lambda limit: read_body(request, limit),
+            request.headers.get(IDEMPOTENCY_HEADER),
+        )
+        return Response(answer.body, answer.status, answer.headers)
 
     async def status(request: Request) -> Response:
         return json_response(await _status(rt))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from shared.client import bearer_headers
 from shared.errors import ServiceError
 
 PROXIED_PATHS: tuple[str, ...] = (
@@ -60,8 +61,7 @@ class TrainingProxy:
         self.base_url = base_url.rstrip("/")
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s))
+        self._http = httpx.AsyncClient(headers=bearer_headers(token), timeout=httpx.Timeout(timeout_s))
         self._cache: dict[str, Answer] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.fetches = 0

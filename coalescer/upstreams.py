@@ -2,6 +2,8 @@
 
 A replica is *healthy* (gets traffic), *pending* (just discovered, not yet probed ready) or
 *ejected* (failed a call; no traffic for ``eject_cooldown_s``, then probed on ``/readyz``).
+A timed-out call does not eject by itself: the replica is asked ``/healthz`` first, and one that
+answers is only marked *slow* (alive, overloaded) for the cool-down, so retries avoid it.
 Selection takes the healthy replica with the least outstanding work (rows in flight, then calls
 in flight), below a per-replica in-flight cap; ties rotate so idle traffic spreads. When no
 replica is healthy we fail open and use the others rather than refuse everything: a fleet that
@@ -29,6 +31,8 @@ from shared.logging import log_event
 
 log = logging.getLogger(__name__)
 
+HEALTHZ_TIMEOUT_S = 1.0
+
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """``(name, port) -> addresses``: every IPv4/IPv6 address the name resolves to."""
 
@@ -47,6 +51,7 @@ class Replica:
         "last_error",
         "pool",
         "removed",
+        "slow_until",
         "state",
         "url",
     )
@@ -62,6 +67,7 @@ class Replica:
         self.failures = 0
         self.last_error: str | None = None
         self.removed = False
+        self.slow_until = 0.0  # a call timed out but /healthz answered: alive, just slow
 
     @property
     def healthy(self) -> bool:
@@ -189,6 +195,36 @@ class ReplicaPool:
             log_event(log, "replica_ejected", logging.WARNING, url=replica.url, error=error)
         replica.state = "ejected"
         replica.ejected_until = max(replica.ejected_until, until)
+
+    def suspect(self, replica: Replica, error: str) -> None:
+        """A call to ``replica`` timed out: slow or dead? Ask ``/healthz`` before ejecting it.
+
+        Under CPU overload every replica times out now and then; ejecting live ones would only
+        pile their load onto the others. A replica that answers ``/healthz`` stays in service,
+        marked slow for the cool-down (retries avoid slow replicas); one that does not is ejected.
+        """
+        replica.failures += 1
+        replica.last_error = error
+        replica.slow_until = self._clock() + self.eject_cooldown_s
+        asyncio.get_running_loop().create_task(self._check_alive(replica, error))
+
+    async def _check_alive(self, replica: Replica, error: str) -> None:
+        try:
+            response = await self._http.get(replica.url + "/healthz", timeout=HEALTHZ_TIMEOUT_S)
+            alive = response.status_code == 200
+        except httpx.HTTPError:
+            alive = False
+        if alive:
+            log_event(log, "replica_slow", logging.WARNING, url=replica.url, error=error)
+        elif not replica.removed:
+            self.mark_failure(replica, f"{error}; /healthz did not answer")
+
+    def is_slow(self, replica: Replica) -> bool:
+        return replica.slow_until > self._clock()
+
+    def all_slow(self, exclude: Sequence[Replica] = ()) -> bool:
+        """Whether every other replica timed out recently: a retry would only add load."""
+        return all(self.is_slow(r) or r.state == "ejected" for r in self._replicas if r not in exclude)
 
     @property
     def healthy_count(self) -> int:

@@ -1,4 +1,5 @@
-"""``python -m prediction_server``: run the prediction server (one or several worker processes).
+"""``python -m prediction_server`` (console script ``latency-prediction-server``): run the prediction
+server (one or several worker processes).
 
 Each process is single-threaded for compute: the thread-count variables are pinned before
 anything imports xgboost or numpy's BLAS, and scaling is by ``--workers`` and replicas.
@@ -13,30 +14,21 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import logging  # noqa: E402
 import shutil  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 
-import uvicorn  # noqa: E402
-
 from prediction_server.config import PredictionSettings  # noqa: E402
-from shared.config import settings_from_cli, settings_to_env  # noqa: E402
+from shared.config import service_settings_from_cli, settings_to_env  # noqa: E402
 from shared.logging import configure_logging, log_event  # noqa: E402
+from shared.serve import serve  # noqa: E402
 
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
-def main(argv: list[str] | None = None) -> None:
-    settings = settings_from_cli(PredictionSettings, argv, prog="prediction_server")
+def main(argv: list[str] | None = None) -> int:
+    settings = service_settings_from_cli(PredictionSettings, argv, prog="python -m prediction_server")
     configure_logging("prediction_server", settings.log_level)
     log = logging.getLogger("prediction_server")
-    common = {
-        "host": settings.host,
-        "port": settings.port,
-        "loop": "uvloop",
-        "http": "httptools",
-        "log_config": None,
-        "access_log": False,
-        "timeout_graceful_shutdown": 5,
-    }
     log_event(
         log,
         "starting",
@@ -48,8 +40,8 @@ def main(argv: list[str] | None = None) -> None:
     if settings.workers == 1:
         from prediction_server.app import create_app
 
-        uvicorn.run(create_app(settings), **common)  # type: ignore[arg-type]
-        return
+        serve(create_app(settings), settings)
+        return 0
     # Workers are fresh interpreters: hand them the settings (and a metrics directory shared by
     # all of them) through the environment, which they read in create_app_from_env.
     metrics_dir = None
@@ -58,16 +50,12 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[_MULTIPROC_ENV] = metrics_dir
     os.environ.update(settings_to_env(settings))
     try:
-        uvicorn.run(
-            "prediction_server.app:create_app_from_env",
-            factory=True,
-            workers=settings.workers,
-            **common,  # type: ignore[arg-type]
-        )
+        serve("prediction_server.app:create_app_from_env", settings, factory=True, workers=settings.workers)
     finally:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -39,7 +39,10 @@ def create_app(settings: PredictionSettings) -> FastAPI:
         title="prediction_server",
         summary="TTFT/TPOT predictions for LLM-serving schedulers (llm-d latency predictor API).",
         lifespan=lifespan,
-        openapi_url=None,  # the routes are raw Starlette routes; wire-contract.md documents them
+        # The routes are raw Starlette routes (wire-contract.md documents them): nothing to show.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
         # Prometheus covers metrics; with OpenTelemetry off FastAPI skips its per-request provider checks.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, field_validator
 
-from shared.config import settings_config
+from shared.config import ServiceSettings, settings_config
 
 ENV_PREFIX = "PREDICTION_SERVER_"
 
 
-class PredictionSettings(BaseSettings):
+class PredictionSettings(ServiceSettings):
     """Prediction server: answers TTFT/TPOT predictions from the newest published model version."""
 
     model_config = settings_config(ENV_PREFIX)
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on.")
     port: int = Field(default=8001, ge=0, le=65535, description="TCP port to listen on.")
     store: str = Field(
         default="",
@@ -58,19 +55,10 @@ class PredictionSettings(BaseSettings):
             "down serves the last model. Unset: keep pulled models in memory only."
         ),
     )
-    auth_token: SecretStr | None = Field(
-        default=None, description="If set, POST /reload requires 'Authorization: Bearer <token>'."
-    )
-    max_body_bytes: int = Field(
-        default=8 * 1024 * 1024,
-        ge=1024,
-        description="Largest request body accepted; larger bodies are refused with 413 before parsing.",
-    )
     training_server_url: str = Field(
         default="",
         description="Training server URL reported in /status (defaults to --store when that is a URL).",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @field_validator("store", "training_server_url")
     @classmethod
@@ -86,7 +74,3 @@ class PredictionSettings(BaseSettings):
         if self.training_server_url:
             return self.training_server_url
         return self.store if self.store_is_url else ""
-
-    @property
-    def token(self) -> str | None:
-        return self.auth_token.get_secret_value() if self.auth_token is not None else None

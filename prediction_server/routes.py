@@ -178,15 +178,23 @@ class PredictionApi:
             "training_samples": predictor.manifest.training_samples if predictor else None,
             "feature_version": FEATURE_VERSION,
             "evaluator": predictor.evaluator if predictor else None,
-            "store": self.settings.store or None,
+            "store": self._shown_store(),
             "store_reachable": self.watcher.store_reachable,
             "store_current_readable": self.watcher.current_readable,
             "last_store_error": self.watcher.last_store_error,
             "refused_versions": dict(self.watcher.refused),
             "poll_interval_s": self.settings.poll_interval_s,
-            "worker_pid": os.getpid(),
         }
+        if self.settings.expose_internals:
+            body["worker_pid"] = os.getpid()
         return body
+
+    def _shown_store(self) -> str | None:
+        """The store's URL; a directory's path only with --expose-internals."""
+        s = self.settings
+        if not s.store or s.store_is_url or s.expose_internals:
+            return s.store or None
+        return "directory"
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})

@@ -5,7 +5,9 @@ Each worker process runs one ``StoreWatcher``. Every ``poll_interval_s`` it asks
 store's ``CURRENT`` pointer, or ``GET {url}/models/current`` on the training server. When that
 name differs from the one served, it fetches the version, verifies the checksums
 (``shared.artifacts.verify_model_set``), builds and self-tests a ``Predictor`` in a worker
-thread, and only then swaps the reference that requests read. A version that fails
+thread, and only then swaps the reference that requests read. A version whose model files have
+the checksums of the served one (a calibration version: new offsets only) reuses the compiled
+trees (``Predictor.recalibrated``) and switches within the poll interval. A version that fails
 verification or the self-test is refused: logged, counted, remembered (so it is not fetched
 again on every poll) and the previous version keeps serving. Transient trouble (store
 unreachable, version pruned mid-read) is retried on the next poll instead.
@@ -171,12 +173,14 @@ class StoreWatcher:
     async def _accept(self, fetched: Fetched, origin: str) -> bool:
         version = fetched.manifest.version
         started = time.perf_counter()
+        current = self.current
         try:
-            predictor = await asyncio.to_thread(_build_predictor, fetched)
+            predictor = await asyncio.to_thread(_build_predictor, fetched, current)
         except ArtifactError as exc:
             self._refuse(version, "self_test" if isinstance(exc, SelfTestFailed) else "verification", exc)
             return False
-        self._serve(predictor, origin, time.perf_counter() - started)
+        reused = current is not None and predictor.forests is current.forests
+        self._serve(predictor, origin, time.perf_counter() - started, reused_trees=reused)
         if isinstance(self.source, HttpSource) and origin != "cache":
             await self.source.remember(fetched)
         return True
@@ -192,7 +196,9 @@ class StoreWatcher:
             return
         self._serve(predictor, "builtin", time.perf_counter() - started)
 
-    def _serve(self, predictor: Predictor, origin: str, duration_s: float) -> None:
+    def _serve(
+        self, predictor: Predictor, origin: str, duration_s: float, reused_trees: bool = False
+    ) -> None:
         previous = self.current.version if self.current is not None else None
         self.current = predictor
         self.metrics.model_served(
@@ -206,7 +212,8 @@ class StoreWatcher:
             previous=previous,
             origin=origin,
             evaluator=predictor.evaluator,
-            duration_s=round(duration_s, 4),
+            reused_trees=reused_trees,
+            duration_s=round(duration_s, 6),
             pid=os.getpid(),
         )
 
@@ -261,5 +268,8 @@ async def _within(awaitable: Awaitable[T], budget_s: float | None) -> T:
         raise StoreUnavailable(f"no answer within {budget_s:g} s") from None
 
 
-def _build_predictor(fetched: Fetched) -> Predictor:
-    return Predictor.from_model_set(verify_model_set(fetched.manifest, fetched.files))
+def _build_predictor(fetched: Fetched, current: Predictor | None) -> Predictor:
+    model_set = verify_model_set(fetched.manifest, fetched.files)
+    if current is not None and current.same_trees(fetched.manifest):
+        return current.recalibrated(model_set)  # offsets only: no recompile
+    return Predictor.from_model_set(model_set)

@@ -4,7 +4,10 @@
   automatic, reported fallback to a heuristic score, and buffered sample feeding
   (``feeder``).
 - Policies (``policies`` and the baselines in ``heuristics``), each reproducible from a seed.
-- ``Router`` (``router``): a client and a policy, one decision per request.
+- ``PlacementCost`` (``placement``): own SLO headroom plus the predicted harm of the placement
+  to the pod's running requests, from extra rows in the same bulk call.
+- ``default_policy(seed=0)`` (``recommended``): the policy we recommend.
+- ``Router`` (``router``): a client and a policy, one decision per request (``decide``).
 """
 
 from scheduler_client.client import ClientConfig, ClientCounters, InvalidRowsError, LatencyClient
@@ -12,8 +15,10 @@ from scheduler_client.fallback import CompositeWeights, FallbackPolicy, Mode, co
 from scheduler_client.feeder import FeederConfig, FeederCounters, SampleFeeder, training_entry
 from scheduler_client.heuristics import CompositeHeuristic, LeastKV, LeastQueue, Policy, RandomPolicy
 from scheduler_client.picking import Picker
+from scheduler_client.placement import PlacementCost, with_request
 from scheduler_client.policies import Admission, LowestLatency, PrefixAffinity, SloHeadroom
-from scheduler_client.router import Router
+from scheduler_client.recommended import default_policy
+from scheduler_client.router import Router, decide
 from scheduler_client.types import Decision, Prediction, RoutingRequest, meets_slo
 
 __all__ = [
@@ -33,6 +38,7 @@ __all__ = [
     "LowestLatency",
     "Mode",
     "Picker",
+    "PlacementCost",
     "Policy",
     "Prediction",
     "PrefixAffinity",
@@ -42,6 +48,9 @@ __all__ = [
     "SampleFeeder",
     "SloHeadroom",
     "composite_scores",
+    "decide",
+    "default_policy",
     "meets_slo",
     "training_entry",
+    "with_request",
 ]

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -39,6 +37,7 @@ import httpx
 import orjson
 
 from scheduler_client.types import Row
+from shared.client import retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +223,7 @@ class SampleFeeder:
                 return
             if attempt == cfg.max_attempts:
                 break
-            hinted = _retry_after_s(response, cfg.max_retry_after_s) if response is not None else None
+            hinted = retry_after_s(response.headers, cfg.max_retry_after_s) if response is not None else None
             if status == 429:
                 self.counters.throttled += 1
             else:
@@ -236,24 +235,6 @@ class SampleFeeder:
             await asyncio.sleep(wait_s)
         self.counters.dropped_after_retries += len(batch)
         log.warning("dropped %d samples after %d attempts", len(batch), cfg.max_attempts)
-
-
-def _retry_after_s(response: httpx.Response, cap_s: float) -> float | None:
-    """``Retry-After`` in seconds (delta-seconds, fractional or an HTTP date), capped; None if absent."""
-    value = response.headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()  # an HTTP date is wall-clock by definition
-    if not math.isfinite(seconds):
-        return None
-    return min(max(seconds, 0.0), cap_s)
 
 
 def _invalid_indices(response: httpx.Response, batch_len: int) -> set[int] | None:

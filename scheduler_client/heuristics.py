@@ -40,8 +40,16 @@ class Policy(Protocol):
     uses_predictions: bool
 
     def choose(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction] | None = None
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction] | None = None,
+        extra: Sequence[Prediction] | None = None,
     ) -> Decision: ...
+
+    def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
+        """Rows to predict in the same call after the candidates' (``extra`` of ``choose``); often none."""
+        ...
 
 
 class CostPolicy:
@@ -59,14 +67,32 @@ class CostPolicy:
         """Per-candidate costs and a short reason for the decision log."""
         raise NotImplementedError
 
+    def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
+        """No extra rows: only the candidates' own predictions are used."""
+        return []
+
+    def costs_with_extra(
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction] | None,
+        extra: Sequence[Prediction],
+    ) -> tuple[list[float], str]:
+        """``costs``, for policies that also use the predictions of their ``extra_rows``."""
+        return self.costs(request, rows, predictions)
+
     def choose(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction] | None = None
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction] | None = None,
+        extra: Sequence[Prediction] | None = None,
     ) -> Decision:
         if not rows:
             raise ValueError("no candidate pods")
         if predictions is not None and len(predictions) != len(rows):
             raise ValueError(f"{len(predictions)} predictions for {len(rows)} candidates")
-        costs, reason = self.costs(request, rows, predictions)
+        costs, reason = self.costs_with_extra(request, rows, predictions, extra or ())
         used = self.uses_predictions and predictions is not None
         return Decision(self.picker.pick(costs), self.name, used, reason)
 

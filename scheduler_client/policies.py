@@ -82,13 +82,27 @@ class PredictedPolicy(CostPolicy):
     def costs(
         self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction] | None
     ) -> tuple[list[float], str]:
+        return self.costs_with_extra(request, rows, predictions, ())
+
+    def costs_with_extra(
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction] | None,
+        extra: Sequence[Prediction],
+    ) -> tuple[list[float], str]:
         if predictions is None:
             return fallback_costs(rows, self.fallback_weights), "fallback: composite score"
-        return self.predicted_costs(request, rows, predictions)
+        return self.predicted_costs(request, rows, predictions, extra)
 
     def predicted_costs(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction]
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction],
+        extra: Sequence[Prediction] = (),
     ) -> tuple[list[float], str]:
+        """Costs from the candidates' predictions (and those of ``extra_rows``, in ``extra``)."""
         raise NotImplementedError
 
 
@@ -104,7 +118,11 @@ class LowestLatency(PredictedPolicy):
         self.tpot_weight = tpot_weight
 
     def predicted_costs(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction]
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction],
+        extra: Sequence[Prediction] = (),
     ) -> tuple[list[float], str]:
         return [p.ttft_ms + self.tpot_weight * p.tpot_ms for p in predictions], "predicted latency"
 
@@ -150,7 +168,11 @@ class SloHeadroom(PredictedPolicy):
         return ttft, tpot
 
     def predicted_costs(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction]
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction],
+        extra: Sequence[Prediction] = (),
     ) -> tuple[list[float], str]:
         if not request.has_slo:
             return self._no_slo.predicted_costs(request, rows, predictions)
@@ -205,10 +227,17 @@ class PrefixAffinity(PredictedPolicy):
         self.epsilon = epsilon
         self.rng = random.Random(seed + 1)  # independent of the picker's stream
 
+    def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
+        return self.base.extra_rows(request, rows)
+
     def predicted_costs(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction]
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction],
+        extra: Sequence[Prediction] = (),
     ) -> tuple[list[float], str]:
-        costs, reason = self.base.predicted_costs(request, rows, predictions)
+        costs, reason = self.base.predicted_costs(request, rows, predictions, extra)
         if self.epsilon and self.rng.random() < self.epsilon:
             return costs, f"explore; {reason}"
         best_ttft = min(p.ttft_ms for p in predictions)
@@ -236,8 +265,15 @@ class Admission:
         self.slack_frac = slack_frac
         self.rejected = 0
 
+    def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
+        return self.inner.extra_rows(request, rows)
+
     def choose(
-        self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction] | None = None
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction] | None = None,
+        extra: Sequence[Prediction] | None = None,
     ) -> Decision:
         if (
             request.sheddable
@@ -247,4 +283,4 @@ class Admission:
         ):
             self.rejected += 1
             return Decision(None, self.name, True, "shed: no pod is predicted to meet the SLO")
-        return self.inner.choose(request, rows, predictions)
+        return self.inner.choose(request, rows, predictions, extra)

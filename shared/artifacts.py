@@ -3,6 +3,7 @@
 A store is a directory of immutable, versioned model sets::
 
     <root>/versions/000007-trained/{manifest.json, ttft.ubj, tpot.ubj}
+    <root>/versions/000008-calibrated/...   # same model bytes, new per-regime offsets
     <root>/CURRENT            # the name of the current version, switched atomically
 
 A version directory appears by ``rename`` of a fully written and fsynced staging
@@ -22,9 +23,10 @@ import hashlib
 import os
 import re
 import shutil
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +38,7 @@ from shared.atomic import fsync_dir, write_atomic, write_synced
 from shared.baseline import baseline_ms, check_baseline
 from shared.errors import ArtifactError, CorruptArtifact
 from shared.features import FEATURE_NAMES, FEATURE_VERSION
+from shared.regimes import RegimeOffsets
 
 MODEL_NAMES: tuple[str, ...] = ("ttft", "tpot")
 # The names the llm-d operator API lists (wire-contract 5); we serve no gated models, so the
@@ -48,10 +51,12 @@ QUARANTINE_DIR = "quarantine"
 MANIFEST_FORMAT = 1
 VERSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """What a version (or file) name may look like: no path separators, no NUL, no leading dot."""
+KEEP_CALIBRATED_VERSIONS = 2  # calibration versions kept besides the current one
 
 TargetTransform = Literal["log1p", "identity"]
 Objective = Literal["quantile", "mean"]
-Kind = Literal["prior", "trained"]
+# "calibrated": the model files of the version before it (same bytes), new regime offsets.
+Kind = Literal["prior", "trained", "calibrated"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,13 @@ class ModelSpec:
     # The work-ahead baseline the trees were trained around (``shared.baseline``), or None:
     # the served margin is then the trees' margin alone (prior and older versions).
     baseline: dict[str, Any] | None = None
+    # Per-regime corrections on top of calibration_offset, set by online calibration between
+    # retrains (None: none). Carries its regime scheme so that every reader bins alike.
+    regime_offsets: RegimeOffsets | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.regime_offsets, dict):  # as read from a manifest's JSON
+            object.__setattr__(self, "regime_offsets", RegimeOffsets(**self.regime_offsets))
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class Manifest:
             }
             data["feature_names"] = tuple(data["feature_names"])
             manifest = cls(**data)
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
             raise CorruptArtifact(f"unreadable manifest: {exc}") from exc
         if not isinstance(manifest.version, str) or not VERSION_NAME.match(manifest.version):
             raise CorruptArtifact(f"bad version name {manifest.version!r}")
@@ -139,13 +151,16 @@ _SPEC_FIELDS = frozenset(ModelSpec.__dataclass_fields__)
 
 def served_latency_ms(tree_margin: np.ndarray, features: np.ndarray, spec: ModelSpec) -> np.ndarray:
     """The served latency (ms, float64, >= 0): the trees' raw margin (XGBoost, no base margin) plus
-    the baseline's margin for these feature rows plus the calibration offset, inverse-transformed.
+    the baseline's margin for these feature rows plus the calibration offset plus, when the spec
+    has them, the online offset of each row's regime, inverse-transformed.
 
     The one place a margin becomes a served value: training, evaluation and serving all call it.
     """
     margin = tree_margin.astype(np.float64) + spec.calibration_offset
     if spec.baseline is not None:
         margin += base_margin(features, spec)
+    if spec.regime_offsets is not None:
+        margin += spec.regime_offsets.for_rows(features)
     values = np.expm1(margin) if spec.target_transform == "log1p" else margin
     return np.maximum(values, 0.0)
 
@@ -197,6 +212,8 @@ class ModelStore:
     def __init__(self, root: Path | str, keep_versions: int = 5) -> None:
         self.root = Path(root)
         self.keep_versions = max(1, keep_versions)
+        # The trainer and online calibration publish from different threads of one process.
+        self._publish_lock = threading.Lock()
 
     @property
     def versions_dir(self) -> Path:
@@ -307,13 +324,6 @@ class ModelStore:
         xgboost_version: str = "",
     ) -> Manifest:
         """Write a new immutable version, switch ``CURRENT`` to it atomically and prune old versions."""
-        self.versions_dir.mkdir(parents=True, exist_ok=True)
-        # Quarantined names count too: a new version never reuses a name readers refused.
-        existing = [*self.versions(), *self._quarantined_names()]
-        sequence = 1 + max(
-            (int(v.split("-", 1)[0]) for v in existing if v.split("-", 1)[0].isdigit()), default=0
-        )
-        version = f"{sequence:06d}-{kind}"
         specs = {
             name: ModelSpec(
                 file=f"{name}.ubj",
@@ -325,11 +335,11 @@ class ModelStore:
             )
             for name, data in models.items()
         }
-        manifest = Manifest(
-            version=version,
-            sequence=sequence,
+        template = Manifest(
+            version="",
+            sequence=0,
             kind=kind,
-            created_at=utc_now_iso(),
+            created_at="",
             objective=objective,
             quantile=quantile,
             models=specs,
@@ -337,12 +347,50 @@ class ModelStore:
             metrics=dict(metrics or {}),
             xgboost_version=xgboost_version,
         )
+        with self._publish_lock:
+            return self._write_version(template, models)
+
+    def publish_calibrated(
+        self, based_on: str, regime_offsets: dict[str, RegimeOffsets], metrics: dict[str, Any]
+    ) -> Manifest | None:
+        """Publish a lightweight version: the model files of ``based_on`` (hard links, same bytes
+        and SHA-256) with new ``regime_offsets``; replicas swap offsets without recompiling trees.
+
+        Publishes only if ``based_on`` is still current (a retrain may have just replaced it);
+        returns ``None`` otherwise.
+        """
+        with self._publish_lock:
+            if self.current_version() != based_on:
+                return None
+            base = self.read_manifest(based_on)
+            models = {name: self._version_dir(based_on) / spec.file for name, spec in base.models.items()}
+            specs = {
+                name: replace(spec, regime_offsets=regime_offsets.get(name, spec.regime_offsets))
+                for name, spec in base.models.items()
+            }
+            template = replace(base, kind="calibrated", models=specs, metrics={**base.metrics, **metrics})
+            return self._write_version(template, models)
+
+    def _write_version(self, template: Manifest, models: Mapping[str, bytes | Path]) -> Manifest:
+        """Under the publish lock: number, write, fsync and rename a version; point CURRENT to it."""
+        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        # Quarantined names count too: a new version never reuses a name readers refused.
+        existing = [*self.versions(), *self._quarantined_names()]
+        sequence = 1 + max(
+            (int(v.split("-", 1)[0]) for v in existing if v.split("-", 1)[0].isdigit()), default=0
+        )
+        version = f"{sequence:06d}-{template.kind}"
+        manifest = replace(template, version=version, sequence=sequence, created_at=utc_now_iso())
         manifest.check_compatible()
         staging = self.root / f".staging-{os.urandom(16).hex()}"
         staging.mkdir(parents=True)
         try:
             for name, data in models.items():
-                write_synced(staging / specs[name].file, data)
+                target = staging / manifest.models[name].file
+                if isinstance(data, Path):
+                    _link_or_copy(data, target)
+                else:
+                    write_synced(target, data)
             write_synced(staging / MANIFEST_FILE, manifest.to_json())
             fsync_dir(staging)
             os.rename(staging, self._version_dir(version))
@@ -355,10 +403,15 @@ class ModelStore:
         return manifest
 
     def prune(self) -> list[str]:
-        """Delete all but the newest ``keep_versions`` versions (never the current one)."""
+        """Delete all but the newest ``keep_versions`` trained (or prior) versions and the newest
+        ``KEEP_CALIBRATED_VERSIONS`` calibration versions; never the current one. Frequent
+        calibration versions therefore never push the trained versions kept for rollback out."""
         current = self.current_version()
         versions = self.versions()
-        doomed = [v for v in versions[: -self.keep_versions] if v != current]
+        calibrated = [v for v in versions if v.endswith("-calibrated")]
+        others = [v for v in versions if not v.endswith("-calibrated")]
+        old = others[: -self.keep_versions] + calibrated[:-KEEP_CALIBRATED_VERSIONS]
+        doomed = [v for v in old if v != current]
         for version in doomed:
             shutil.rmtree(self._version_dir(version), ignore_errors=True)
         for leftover in self.root.glob(".staging-*"):
@@ -375,3 +428,11 @@ class ModelStore:
         if not VERSION_NAME.match(version):
             raise ArtifactError(f"bad version name {version!r}")
         return self.versions_dir / version
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """Model files are immutable, so a hard link shares them; copy where links are unsupported."""
+    try:
+        os.link(source, target)
+    except OSError:
+        write_synced(target, source.read_bytes())

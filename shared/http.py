@@ -92,3 +92,14 @@ def check_token(request: Request, token: str | None) -> None:
         supplied = authorization[7:].strip()
     if not hmac.compare_digest(supplied.encode(), token.encode()):
         raise Unauthorized()
+
+
+def docs_routes(expose: bool) -> dict[str, Any]:
+    """FastAPI's ``docs_url`` / ``redoc_url`` / ``openapi_url``: served only with ``--expose-internals``.
+
+    The wire contract (docs/wire-contract in the handbook) documents the API; an interactive page
+    on a production port only tells a stranger what to try.
+    """
+    if expose:
+        return {"docs_url": "/docs", "redoc_url": "/redoc", "openapi_url": "/openapi.json"}
+    return {"docs_url": None, "redoc_url": None, "openapi_url": None}

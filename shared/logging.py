@@ -5,9 +5,11 @@ No per-request logging on hot paths: counters and histograms in ``/metrics`` do 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -35,9 +37,14 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
-def configure_logging(service: str, level: str = "info") -> None:
-    """Send every logger's records to stderr as JSON lines tagged with ``service``."""
-    handler = logging.StreamHandler(sys.stderr)
+def configure_logging(service: str, level: str = "info", path: Path | None = None) -> None:
+    """Send every logger's records to stderr (or append them to ``path``) as JSON lines tagged
+    with ``service``."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stderr) if path is None else logging.FileHandler(path, encoding="utf-8")
+    )
     handler.setFormatter(_JsonFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -49,3 +56,15 @@ def configure_logging(service: str, level: str = "info") -> None:
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     """Log one structured event: ``log_event(log, "model_published", version=v, duration_s=1.2)``."""
     logger.log(level, event, extra={"fields": fields})
+
+
+def log_task_failure(task: asyncio.Task[Any]) -> None:
+    """Done-callback for background tasks: a crash must be visible, not silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log_event(
+            logging.getLogger(__name__),
+            "background_task_failed",
+            logging.ERROR,
+            task=task.get_name(),
+            error=repr(task.exception()),
+        )

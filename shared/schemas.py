@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import orjson
 
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, PayloadTooLarge
 
 MAX_BULK_ROWS = 10_000
 MAX_REPORTED_ERRORS = 20
@@ -31,6 +31,11 @@ INLINE_EXPLAIN_ROWS = 256
 # of the derived features and rejects garbage such as 1e300 tokens.
 MAX_COUNT = 2**31 - 1
 MAX_LATENCY_MS = 3_600_000.0  # one hour
+# The byte caps of training-sample bodies, the same on every service that takes them: the
+# coalescer refuses (413) exactly what the training server would, so it never acknowledges what
+# the training server then refuses. A real entry is a few hundred bytes.
+MAX_TRAINING_BODY_BYTES = 8 * 1024 * 1024
+MAX_TRAINING_ENTRY_BYTES = 1024 * 1024  # a body no larger than this needs no per-entry measuring
 POD_TYPE_CODES: dict[str, int] = {"": 0, "prefill": 1, "decode": 2}
 POD_TYPE_NAMES = {code: name for name, code in POD_TYPE_CODES.items()}
 # The Go client's zero time.Time: "no timestamp", which means "now".
@@ -129,6 +134,24 @@ def require_list(body: Any, key: str, *, max_items: int = MAX_BULK_ROWS) -> list
             ]
         )
     return items
+
+
+def require_entries(body: bytes, *, max_items: int = MAX_BULK_ROWS) -> list[Any]:
+    """The ``entries`` of a training-sample body: 413 if the body or any entry is over its byte cap
+    (``MAX_TRAINING_BODY_BYTES``, ``MAX_TRAINING_ENTRY_BYTES``), 422 if it is not a list of entries."""
+    if len(body) > MAX_TRAINING_BODY_BYTES:
+        raise PayloadTooLarge(
+            f"Request body of {len(body)} bytes exceeds the limit of {MAX_TRAINING_BODY_BYTES} bytes"
+        )
+    entries = require_list(loads(body), "entries", max_items=max_items)
+    if len(body) > MAX_TRAINING_ENTRY_BYTES:  # else no entry can be over the cap: skip measuring
+        for i, entry in enumerate(entries):
+            size = len(orjson.dumps(entry))
+            if size > MAX_TRAINING_ENTRY_BYTES:
+                raise PayloadTooLarge(
+                    f"Entry {i} is {size} bytes, over the limit of {MAX_TRAINING_ENTRY_BYTES} bytes per entry"
+                )
+    return entries
 
 
 def parse_rows(

@@ -3,8 +3,11 @@
 Starts the training server, ``--replicas`` prediction servers sharing the model store under
 ``--data-dir`` and the coalescer in front of them, waits until each is ready and prints the
 URLs to give a scheduler. With ``--demo`` it then drives the simulated demo workload through
-the coalescer and stops when the demo ends; otherwise it runs until Ctrl-C or SIGTERM.
-Exit status: 0 after a requested stop or a finished demo, 1 if a service failed.
+the coalescer (in its own data directory, ``var/demo``, with the launcher's log in a file so
+the terminal shows the panel) and stops when the demo ends; otherwise it runs until Ctrl-C
+(SIGINT) or SIGTERM, both handled explicitly, so a stack started as a background job with
+SIGINT ignored still stops on it. Exit status: 0 after a requested stop or a finished demo,
+1 if a service failed.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import orjson
 from shared.config import settings_from_cli
 from shared.logging import configure_logging, log_event
 from stack.config import StackSettings
-from stack.launcher import ChildExited, Launcher, StackError
+from stack.launcher import ChildExited, Launcher, StackError, describe_exits
 
 log = logging.getLogger("stack")
 
@@ -34,20 +37,34 @@ _DEMO_ENV_DEFAULTS = {
 }
 
 
+PROG = "python -m stack"
+EPILOG = """\
+The demo: a simulated pool of LLM-serving pods routed by the stack's predictions, with a live panel:
+  python -m stack --demo            about a minute; --fast for about 10 s; data in var/demo
+  python -m stack.demo --prediction-url URL --training-url URL
+                                    the same demo against a stack that is already running
+"""
+
+
 class _StopRequested(BaseException):
-    """Raised by the SIGTERM handler so shutdown runs the same path as Ctrl-C."""
+    """Raised by the SIGINT/SIGTERM handler: shutdown runs one path whichever signal came."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     raise _StopRequested
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = settings_from_cli(StackSettings, argv, prog="latency-stack")
-    configure_logging("stack", settings.log_level)
+    settings = settings_from_cli(StackSettings, argv, prog=PROG, epilog=EPILOG)
+    log_file = settings.data_dir.resolve() / "logs" / "stack.log" if settings.demo else None
+    configure_logging("stack", settings.log_level, path=log_file)
     env_defaults = _DEMO_ENV_DEFAULTS if settings.demo else {}
     launcher = Launcher(settings, env_defaults=env_defaults)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    # Explicit handlers for both: Python only turns SIGINT into KeyboardInterrupt when the signal
+    # was not ignored at start, and a shell's background job (or nohup) starts us with it ignored.
+    signal.signal(signal.SIGINT, _on_stop_signal)
+    signal.signal(signal.SIGTERM, _on_stop_signal)
+    _print_banner(settings, launcher)
     code = 0
     try:
         launcher.start()
@@ -59,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 launcher.check()
                 time.sleep(0.5)
     except (KeyboardInterrupt, _StopRequested):
+        print("\nlatency-stack: stopping (signal received)", flush=True)
         log_event(log, "stop_requested")
     except StackError as exc:
         log_event(log, "stack_failed", logging.ERROR, error=str(exc))
@@ -70,8 +88,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A second Ctrl-C must not interrupt the cleanup and leave services running.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        launcher.stop()
+        codes = launcher.stop()
+        if codes:
+            print(describe_exits(codes), flush=True)
     return code
+
+
+def _print_banner(settings: StackSettings, launcher: Launcher) -> None:
+    what = "the demo on " if settings.demo else ""
+    print(
+        f"latency-stack: starting {what}a training server, {settings.replicas} prediction "
+        f"replica(s)\n  and a coalescer on {settings.host} ports {settings.base_port}-"
+        f"{settings.base_port + 1 + settings.replicas}\n  data in {settings.data_dir.resolve()}"
+        f"\n  logs in {launcher.log_dir}",
+        flush=True,
+    )
 
 
 def _print_urls(launcher: Launcher) -> None:
@@ -80,8 +111,9 @@ def _print_urls(launcher: Launcher) -> None:
         "\nlatency stack ready. Point a scheduler at it with:\n"
         f"  TRAINING_SERVER_URL={launcher.training_url}\n"
         f"  PREDICTION_SERVER_URL={launcher.coalescer_url}\n"
-        f"(the coalescer at {launcher.coalescer_url} also accepts /add_training_data_bulk; "
-        f"prediction replicas: {', '.join(replicas)}; logs in {launcher.log_dir})\n",
+        f"(the coalescer also accepts /add_training_data_bulk)\n"
+        f"  prediction replicas: {', '.join(replicas)}\n"
+        f"  logs in {launcher.log_dir}\n",
         flush=True,
     )
 
@@ -96,7 +128,7 @@ def _run_demo(settings: StackSettings, launcher: Launcher) -> None:
         duration_s=settings.demo_duration_s,
         pods=settings.demo_pods,
         rate_rps=settings.demo_rate_rps,
-        speed=settings.demo_speed,
+        speed=settings.demo_speed,  # --fast sets it to 0
         seed=settings.demo_seed,
         epsilon=settings.demo_epsilon,
         window=settings.demo_window,

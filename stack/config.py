@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
 from shared.config import settings_config
+
+DEMO_DATA_DIR = Path("var/demo")
 
 
 class StackSettings(BaseSettings):
@@ -32,7 +34,9 @@ class StackSettings(BaseSettings):
         description="Training server port; the coalescer uses base+1, prediction replicas base+2 onwards",
     )
     data_dir: Path = Field(
-        default=Path("var"), description="Training data, model store (<dir>/models) and logs"
+        default=Path("var"),
+        description="Training data, model store (<dir>/models) and logs; with --demo the default is "
+        "var/demo, so a demo never leaves simulated samples or models in the real stack's directory",
     )
     replicas: int = Field(default=2, ge=1, le=64, description="Number of prediction server replicas")
     workers: int = Field(default=1, ge=1, le=64, description="Worker processes per prediction replica")
@@ -52,7 +56,15 @@ class StackSettings(BaseSettings):
     )
     demo_rate_rps: float = Field(default=60.0, gt=0, description="Mean simulated arrival rate (bursty)")
     demo_speed: float = Field(
-        default=0.0, ge=0, description="Simulated seconds per wall second (0: as fast as predictions allow)"
+        default=2.0,
+        ge=0,
+        description="Simulated seconds per wall second: 2 shows the default 120 simulated seconds in about "
+        "a minute (0: as fast as predictions allow, as --fast)",
+    )
+    fast: bool = Field(
+        default=False,
+        description="With --demo: run the simulation as fast as predictions allow (about 10 s) instead of "
+        "at --demo-speed",
     )
     demo_seed: int = Field(default=0, description="Seed of the simulated workload and pods")
     demo_epsilon: float = Field(
@@ -61,6 +73,14 @@ class StackSettings(BaseSettings):
     demo_window: int = Field(
         default=500, ge=10, description="Completions in the rolling coverage/MAPE window"
     )
+
+    @model_validator(mode="after")
+    def _demo_defaults(self) -> StackSettings:
+        if self.demo and "data_dir" not in self.model_fields_set:
+            self.data_dir = DEMO_DATA_DIR
+        if self.fast:
+            self.demo_speed = 0.0
+        return self
 
     @property
     def training_port(self) -> int:

@@ -4,6 +4,8 @@ one ``key=value`` line every few seconds otherwise (logs, CI, pipes). No curses.
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -62,6 +64,7 @@ class LiveView:
     out: TextIO
     tty: bool | None = None
     log_every_s: float = 5.0
+    width: int | None = None  # None: the terminal's width, asked at every redraw (it may change)
     _rates: _Rates = field(default_factory=_Rates)
     _drawn_lines: int = 0
     _last_log_wall_s: float | None = None
@@ -74,7 +77,12 @@ class LiveView:
     def update(self, snap: DemoSnapshot) -> None:
         self._rates.update(snap)
         if self.tty:
-            lines = render_block(snap, self._rates.requests_per_s, self._rates.rows_per_s)
+            width = self.width or _terminal_width(self.out)
+            # One column spare: a line exactly as wide as the terminal makes some terminals wrap.
+            lines = [
+                fit(line, width - 1)
+                for line in render_block(snap, self._rates.requests_per_s, self._rates.rows_per_s)
+            ]
             parts = [f"\x1b[{self._drawn_lines}F"] if self._drawn_lines else []
             parts += [f"{_CLEAR_LINE}{line}\n" for line in lines]
             self.out.write("".join(parts))
@@ -90,22 +98,47 @@ class LiveView:
 
 
 def render_block(snap: DemoSnapshot, requests_per_s: float, rows_per_s: float) -> list[str]:
+    """The panel's lines, each under 80 visible characters (``fit`` cuts them to narrower terminals)."""
     speed = snap.sim_s / snap.wall_s if snap.wall_s > 0 else 0.0
     state = "done" if snap.done else "running"
     target = snap.quantile
     version = snap.model_version or "-"
     return [
-        f"{_BOLD}latency-stack demo{_RESET} ({state})  simulated {snap.sim_s:6.1f} / {snap.duration_s:g} s"
-        f"   wall {snap.wall_s:6.1f} s   {speed:5.1f}x real time",
-        f"  traffic     {requests_per_s:7.1f} req/s  {rows_per_s:8.1f} rows/s   "
-        f"prediction call p50 {_ms(snap.call_p50_ms)}  p99 {_ms(snap.call_p99_ms)}"
-        f"   errors {snap.prediction_errors}",
-        f"  model       {version}  ({snap.versions_seen} version(s) seen)   requests {snap.requests}",
-        _accuracy_line("TTFT", snap.ttft, target),
-        _accuracy_line("TPOT", snap.tpot, target),
-        f"  samples     sent {snap.samples_sent}  accepted {snap.samples_accepted}  queued "
-        f"{snap.samples_queued}  throttled {snap.samples_throttled}  rejected {snap.samples_rejected}",
+        f"{_BOLD}latency-stack demo{_RESET} ({state}) simulated {snap.sim_s:.1f}/{snap.duration_s:g} s, "
+        f"wall {snap.wall_s:.1f} s, {speed:.1f}x real time",
+        f"  traffic   {requests_per_s:6.1f} req/s  {rows_per_s:7.1f} rows/s  prediction call p50 "
+        f"{_ms(snap.call_p50_ms)}",
+        f"  model     {version}  ({snap.versions_seen} seen)  p99 call {_ms(snap.call_p99_ms)}  "
+        f"failed calls {snap.prediction_errors}",
+        *_accuracy_lines("TTFT", snap.ttft, target),
+        *_accuracy_lines("TPOT", snap.tpot, target),
+        f"  samples   sent {snap.samples_sent}  accepted {snap.samples_accepted}  "
+        f"queued {snap.samples_queued}  throttled {snap.samples_throttled}  rejected {snap.samples_rejected}",
     ]
+
+
+def fit(line: str, width: int) -> str:
+    """``line`` cut to ``width`` visible characters (ANSI colour codes kept, not counted), so no
+    line of the panel ever wraps and the in-place redraw moves up exactly as many rows as it drew."""
+    out: list[str] = []
+    visible = 0
+    i = 0
+    cut = False
+    while i < len(line):
+        if line[i] == "\x1b":
+            end = line.find("m", i)
+            end = len(line) - 1 if end < 0 else end
+            out.append(line[i : end + 1])
+            i = end + 1
+            continue
+        if visible == width:
+            cut = True
+            break
+        out.append(line[i])
+        visible += 1
+        i += 1
+    text = "".join(out)
+    return text + _RESET if cut and "\x1b" in text else text
 
 
 def render_line(snap: DemoSnapshot, requests_per_s: float, rows_per_s: float) -> str:
@@ -127,15 +160,34 @@ def render_line(snap: DemoSnapshot, requests_per_s: float, rows_per_s: float) ->
     return "demo " + " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-def _accuracy_line(name: str, acc: AccuracySummary, target: float) -> str:
+def verdict(coverage: float, target: float) -> tuple[str, str]:
+    """What a coverage means for a p``target`` model, in words, and its colour."""
+    gap = coverage - target
+    if abs(gap) <= 0.02:
+        return "on target", _GREEN
+    colour = _YELLOW if abs(gap) <= 0.05 else _RED
+    if gap > 0:
+        return "runs high: cautious", colour
+    return "runs low: optimistic", colour
+
+
+def _accuracy_lines(name: str, acc: AccuracySummary, target: float) -> list[str]:
+    head = f"  {name} p{target * 100:g}  "
     if acc.coverage is None or acc.mape is None:
-        return f"  {name} p{target * 100:g}    waiting for completions"
-    gap = abs(acc.coverage - target)
-    colour = _GREEN if gap <= 0.02 else _YELLOW if gap <= 0.05 else _RED
-    return (
-        f"  {name} p{target * 100:g}    coverage {colour}{acc.coverage * 100:5.1f}%{_RESET} (target "
-        f"{target * 100:g}%)   MAPE {acc.mape * 100:5.1f}%   over the last {acc.count} completions"
-    )
+        return [f"{head}waiting for completions"]
+    words, colour = verdict(acc.coverage, target)
+    return [
+        f"{head}{colour}{acc.coverage * 100:5.1f}%{_RESET} within prediction (target {target * 100:g}%)  "
+        f"{colour}{words}{_RESET}",
+        f"            off by {acc.mape * 100:.0f}% on average (MAPE), last {acc.count} completions",
+    ]
+
+
+def _terminal_width(out: TextIO) -> int:
+    try:
+        return os.get_terminal_size(out.fileno()).columns or 80
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size().columns
 
 
 def _ms(value: float | None) -> str:

@@ -4,9 +4,14 @@ For each arriving request the demo asks ``POST /predict/bulk/strict`` for one ro
 routes to the pod with the lowest predicted TTFT (random among ties; a random pod with
 probability ``epsilon``, so the samples keep covering pods the model dislikes) and feeds
 every completion back through ``POST /add_training_data_bulk``. The simulator keeps its own
-clock: prediction calls cost no simulated time, so the demo runs faster than real time
-(``speed`` caps it; 0 means as fast as the calls allow) and ends after ``duration_s``
-simulated seconds. It shows a live view and returns a summary dict.
+clock: prediction calls cost no simulated time; ``speed`` sets the pace (simulated seconds per
+wall second, 2 by default, so a person can follow the panel; 0 means as fast as the calls allow)
+and the demo ends after ``duration_s`` simulated seconds. It shows a live view and returns a
+summary dict.
+
+Requests still running when the arrivals stop finish in a cluster that empties out: their TPOT
+is that of a nearly idle pod, unlike anything a loaded scheduler sees, so they feed the
+training server like every completion but are left out of the accuracy figures.
 
 Run it against any running stack: ``python -m stack.demo --prediction-url URL --training-url URL``.
 """
@@ -48,7 +53,7 @@ class DemoConfig:
     duration_s: float = 120.0  # simulated
     pods: int = 8
     rate_rps: float = 60.0
-    speed: float = 0.0  # simulated seconds per wall second; 0 = unthrottled
+    speed: float = 2.0  # simulated seconds per wall second; 0 = unthrottled
     seed: int = 0
     epsilon: float = 0.05
     window: int = 500
@@ -122,7 +127,7 @@ class _Demo:
                     self.cluster.route(req, await self._choose(client, req, rows))
                     self.requests += 1
                 self.sim_end_s = self.cluster.now_s
-                self._complete(self.cluster.drain())
+                self._complete(self.cluster.drain(), scored=False)
                 await self._flush(sender_task)
                 if cfg.training_server_url:
                     self.training_status = await self._training_status(client, cfg.training_server_url)
@@ -264,7 +269,8 @@ class _Demo:
         loads = [r["num_request_waiting"] + r["num_request_running"] for r in rows]
         return int(np.argmin(loads))
 
-    def _complete(self, completions: list[Any]) -> None:
+    def _complete(self, completions: list[Any], scored: bool = True) -> None:
+        """Send each completion as a training sample; score its prediction unless ``scored`` is off."""
         assert self.sender is not None
         for c in completions:
             entry = dict(c.features)
@@ -272,7 +278,7 @@ class _Demo:
             entry["actual_tpot_ms"] = c.tpot_ms
             self.sender.add(entry)
             predicted = self.pending.pop(c.request.request_id, None)
-            if predicted is None:
+            if predicted is None or not scored:
                 self.outcomes.append(Outcome(c.pod, c.ttft_ms, c.tpot_ms, None, None, None))
                 continue
             p_ttft, p_tpot, version = predicted
@@ -312,17 +318,30 @@ class _Demo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m stack.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m stack.demo",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--prediction-url", required=True, help="coalescer (or prediction server) URL")
     parser.add_argument("--training-url", help="where samples go (default: the prediction URL, a coalescer)")
     parser.add_argument("--training-server-url", help="training server, to report what it learnt (optional)")
     parser.add_argument("--duration-s", type=float, default=DemoConfig.duration_s, help="simulated seconds")
-    parser.add_argument("--pods", type=int, default=DemoConfig.pods)
-    parser.add_argument("--rate-rps", type=float, default=DemoConfig.rate_rps)
-    parser.add_argument("--speed", type=float, default=DemoConfig.speed)
-    parser.add_argument("--seed", type=int, default=DemoConfig.seed)
-    parser.add_argument("--epsilon", type=float, default=DemoConfig.epsilon)
-    parser.add_argument("--window", type=int, default=DemoConfig.window)
+    parser.add_argument("--pods", type=int, default=DemoConfig.pods, help="simulated pods")
+    parser.add_argument(
+        "--rate-rps", type=float, default=DemoConfig.rate_rps, help="mean arrival rate (bursty)"
+    )
+    parser.add_argument(
+        "--speed", type=float, default=DemoConfig.speed, help="simulated seconds per wall second (0: no cap)"
+    )
+    parser.add_argument("--fast", action="store_true", help="as fast as predictions allow (--speed 0)")
+    parser.add_argument("--seed", type=int, default=DemoConfig.seed, help="seed of the workload and pods")
+    parser.add_argument(
+        "--epsilon", type=float, default=DemoConfig.epsilon, help="share routed to a random pod"
+    )
+    parser.add_argument(
+        "--window", type=int, default=DemoConfig.window, help="completions in the rolling window"
+    )
     parser.add_argument("--summary-json", help="also write the summary to this file")
     args = parser.parse_args(argv)
     configure_logging("stack.demo", "warning")
@@ -333,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=args.duration_s,
         pods=args.pods,
         rate_rps=args.rate_rps,
-        speed=args.speed,
+        speed=0.0 if args.fast else args.speed,
         seed=args.seed,
         epsilon=args.epsilon,
         window=args.window,

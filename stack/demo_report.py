@@ -4,6 +4,7 @@ quality against round-robin on the same simulated workload, and sample-feedback 
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,8 +82,8 @@ def build_summary(run: DemoRun) -> dict[str, Any]:
     }
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """The summary as a short human-readable block."""
+def format_summary(s: dict[str, Any], width: int = 79) -> str:
+    """The summary as a short human-readable block, wrapped to ``width`` columns."""
     lines = ["", "=== demo summary ==="]
     lines.append(
         f"simulated {s['sim_duration_s']:.1f} s in {s['wall_s']:.1f} s wall ({s['speedup']}x real time): "
@@ -101,11 +102,15 @@ def format_summary(s: dict[str, Any]) -> str:
             if not acc["count"]:
                 continue
             vs = acc["pinball"] / acc["constant_pinball"] if acc["constant_pinball"] else float("nan")
+            words = _coverage_words(acc["coverage"], s["quantile"])
             lines.append(
                 f"{name.upper()} p{target:g} {scope:>7}: coverage {acc['coverage'] * 100:5.1f}% "
-                f"(target {target:g}%), MAPE {acc['mape'] * 100:5.1f}%, pinball {acc['pinball']:.2f} "
-                f"= {vs:.2f}x the best constant in hindsight  [{acc['count']} completions]"
+                f"(target {target:g}%: {words}), MAPE {acc['mape'] * 100:5.1f}%, "
+                f"pinball {acc['pinball']:.2f} = {vs:.2f}x the best constant in hindsight  "
+                f"[{acc['count']} completions]"
             )
+    if s["ttft"]["overall"]["count"]:
+        lines.append(_LEGEND)
     for v in s["model_versions"]:
         if v["ttft_coverage"] is None:
             continue
@@ -134,7 +139,33 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{ts['window_samples']} in the window, {ts['retrains']} retrain(s); "
             f"store holds {', '.join(ts['versions_in_store'])} (current {ts['current_version']})"
         )
-    return "\n".join(lines)
+    return "\n".join(_wrap(line, width) if line else line for line in lines)
+
+
+_LEGEND = (
+    "  What these mean: coverage is the share of requests that finished within their predicted "
+    "time (a calibrated p90 model: 90%; more: predictions run high, fewer: they run low). MAPE is "
+    "the average gap between prediction and actual (a p90 prediction sits above the typical latency "
+    "on purpose, so it is never 0). Pinball compares the model with the one number that would have "
+    "been best for those same requests, chosen afterwards: under 1.00x the model beats it. 'recent' "
+    "is the last --demo-window completions: a short quiet stretch, where latencies barely vary, is "
+    "easy for a constant and can read as over 1x. Requests finishing after the arrivals stopped are "
+    "not scored."
+)
+
+
+def _wrap(line: str, width: int) -> str:
+    indent = line[: len(line) - len(line.lstrip())]
+    return textwrap.fill(
+        line, width, subsequent_indent=indent + "    ", break_long_words=False, break_on_hyphens=False
+    )
+
+
+def _coverage_words(coverage: float, quantile: float) -> str:
+    gap = coverage - quantile
+    if abs(gap) <= 0.02:
+        return "on target"
+    return "predictions run high" if gap > 0 else "predictions run low"
 
 
 def _accuracy(outcomes: list[Outcome], which: str, q: float) -> dict[str, float | int | None]:

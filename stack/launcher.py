@@ -213,7 +213,12 @@ class Launcher:
                 if _group_alive(child.pid):
                     _signal_group(child.pid, signal.SIGKILL)
         if codes:
-            log_event(log, "stack_stopped", exit_codes=codes)
+            log_event(
+                log,
+                "stack_stopped",
+                exit_codes=codes,
+                exits={name: describe_exit(code) for name, code in codes.items()},
+            )
         return codes
 
     def __enter__(self) -> Launcher:
@@ -318,3 +323,30 @@ def _url_host(host: str) -> str:
     if host == "::":
         return "[::1]"
     return f"[{host}]" if ":" in host else host
+
+
+def describe_exit(code: int) -> str:
+    """A child's exit status in words (a service stopped by our SIGTERM exits with -15: that is fine)."""
+    if code == 0:
+        return "exited cleanly"
+    if code == -signal.SIGTERM:
+        return "stopped cleanly on SIGTERM"
+    if code == -signal.SIGKILL:
+        return "killed (did not stop within --stop-timeout-s, or killed from outside)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"failed with exit code {code}"
+
+
+def describe_exits(codes: dict[str, int]) -> str:
+    """One line for the stop of the whole stack, naming only the services that did not stop cleanly."""
+    clean = {0, -signal.SIGTERM}
+    bad = {name: code for name, code in codes.items() if code not in clean}
+    if not bad:
+        return f"latency-stack: all {len(codes)} services stopped cleanly."
+    problems = "; ".join(f"{name} {describe_exit(code)}" for name, code in bad.items())
+    return f"latency-stack: {len(codes) - len(bad)} of {len(codes)} services stopped cleanly; {problems}."

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
+from shared.client import retry_after_s
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class SampleSender:
             self._backoff_s = 0.0
         elif status in (429, 503):
             self.throttled += 1
-            self._not_before = time.monotonic() + _retry_after_s(resp)
+            self._not_before = time.monotonic() + _retry_after_or_1s(resp)
         elif status >= 500:
             self._retry_later(f"HTTP {status}")
         else:
@@ -148,9 +149,6 @@ class SampleSender:
         log_event(log, "samples_send_failed", logging.WARNING, error=error, retry_in_s=self._backoff_s)
 
 
-def _retry_after_s(resp: httpx.Response) -> float:
-    try:
-        value = float(resp.headers.get("retry-after", "1"))
-    except ValueError:  # an HTTP date: not worth parsing for a demo
-        value = 1.0
-    return min(_MAX_RETRY_AFTER_S, max(0.0, value))
+def _retry_after_or_1s(resp: httpx.Response) -> float:
+    hinted = retry_after_s(resp.headers, _MAX_RETRY_AFTER_S)
+    return 1.0 if hinted is None else hinted

@@ -3,7 +3,11 @@
 Arrivals follow a two-state Markov-modulated Poisson process: the stream alternates between
 a calm and a burst state with exponentially distributed sojourn times, and the two rates are
 chosen so that the long-run mean is ``rate_rps`` whatever the burstiness. Prompt and output
-lengths are clipped lognormals. Every request belongs to a prompt *family* (a shared system
+lengths are clipped lognormals; optionally (``long_prompt_share`` > 0) a share of the prompts
+comes from a second, long lognormal, the bimodal shape of real traces (llm-d's
+``bimodal-h200`` profile: inputs 61 to 12,352 tokens, median 3,411; ``chatbot-synthetic``:
+median 6,497). With the share at 0 no extra draws are made, so existing streams are unchanged.
+Every request belongs to a prompt *family* (a shared system
 prompt or conversation) drawn with Zipf popularity; the family's prefix is what a pod's prefix
 cache can reuse.
 
@@ -48,6 +52,10 @@ class WorkloadConfig:
     prompt_sigma: float = 1.0
     prompt_min_tokens: int = 50
     prompt_max_tokens: int = 8000
+    long_prompt_share: float = 0.0  # share of prompts drawn from the long mode instead
+    long_prompt_median_tokens: float = 6000.0
+    long_prompt_sigma: float = 0.4
+    long_prompt_max_tokens: int = 12352
     output_median_tokens: float = 120.0
     output_sigma: float = 1.0
     output_min_tokens: int = 5
@@ -73,6 +81,10 @@ class WorkloadConfig:
             raise ValueError("mean_burst_s must be > 0 and num_families >= 1")
         if not 1 <= self.prompt_min_tokens <= self.prompt_max_tokens:
             raise ValueError("need 1 <= prompt_min_tokens <= prompt_max_tokens")
+        if not 0.0 <= self.long_prompt_share <= 1.0 or self.long_prompt_max_tokens < self.prompt_min_tokens:
+            raise ValueError(
+                "long_prompt_share must be in [0, 1] and long_prompt_max_tokens >= prompt_min_tokens"
+            )
         if not 1 <= self.output_min_tokens <= self.output_max_tokens:
             raise ValueError("need 1 <= output_min_tokens <= output_max_tokens")
 
@@ -119,6 +131,16 @@ class Workload:
                     cfg.prompt_min_tokens,
                     cfg.prompt_max_tokens,
                 )
+                if cfg.long_prompt_share > 0:
+                    long = _clipped_lognormal(
+                        rng,
+                        n,
+                        cfg.long_prompt_median_tokens,
+                        cfg.long_prompt_sigma,
+                        cfg.prompt_min_tokens,
+                        cfg.long_prompt_max_tokens,
+                    )
+                    prompts = np.where(rng.random(n) < cfg.long_prompt_share, long, prompts)
                 outputs = _clipped_lognormal(
                     rng,
                     n,

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from shared.http import install_error_handlers
+from shared.http import docs_routes, install_error_handlers
 from shared.metrics import new_registry
 from training_server.config import TrainingSettings
 from training_server.metrics import TrainingMetrics
@@ -40,8 +40,7 @@ def create_app(settings: TrainingSettings) -> FastAPI:
         title="training_server",
         summary="Online TTFT/TPOT latency-model training",
         lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
+        **docs_routes(settings.expose_internals),
     )
     app.state.settings = settings
     app.state.registry = registry

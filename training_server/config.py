@@ -8,20 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, model_validator
 
-from shared.config import settings_config
-from shared.schemas import MAX_BULK_ROWS
+from shared.config import ServiceSettings, settings_config
+from shared.schemas import MAX_BULK_ROWS, MAX_TRAINING_BODY_BYTES
 
 
-class TrainingSettings(BaseSettings):
+class TrainingSettings(ServiceSettings):
     """Training server: ingests samples, keeps a stratified window, retrains and publishes models."""
 
     model_config = settings_config("TRAINING_SERVER_")
 
-    host: str = Field(default="127.0.0.1", description="Interface to listen on (loopback by default).")
-    port: int = Field(default=8000, ge=0, le=65535, description="TCP port to listen on.")
     data_dir: Path = Field(
         default=Path("./var/training"),
         description="Directory for the persisted window (and the store by default).",
@@ -33,15 +30,16 @@ class TrainingSettings(BaseSettings):
     objective: Literal["quantile", "mean"] = Field(
         default="quantile", description="'quantile' (pinball loss at --quantile) or 'mean' (squared error)."
     )
-    auth_token: SecretStr | None = Field(
-        default=None, description="If set, /flush and /retrain require 'Authorization: Bearer <token>'."
-    )
     token_protects_ingest: bool = Field(
         default=False,
         description="Also require the token on /add_training_data_bulk (needs a token-aware sender).",
     )
     max_body_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body in bytes (larger: 413)."
+        default=MAX_TRAINING_BODY_BYTES,
+        ge=1024,
+        le=MAX_TRAINING_BODY_BYTES,
+        description="Largest accepted request body in bytes (larger: 413); at most the coalescer's cap "
+        "(8 MiB), so the coalescer never acknowledges a body this server would refuse",
     )
     max_entries_per_request: int = Field(
         default=MAX_BULK_ROWS,
@@ -155,12 +153,66 @@ class TrainingSettings(BaseSettings):
     idempotency_max_keys: int = Field(
         default=100_000, ge=1, description="Most Idempotency-Keys remembered (the oldest are forgotten)."
     )
+    live_scoring: bool = Field(
+        default=True,
+        description="Score every arriving sample against the version that served it, keep live coverage "
+        "and pinball per regime, calibrate per regime online and detect drift.",
+    )
+    live_max_pending_samples: int = Field(
+        default=20_000,
+        ge=1,
+        description="Samples waiting to be scored; beyond it new batches are skipped (counted), not queued.",
+    )
+    live_half_life_samples: int = Field(
+        default=500,
+        ge=10,
+        description="Horizon of live coverage and pinball per regime: half-life in samples of that regime.",
+    )
+    calibrate_online: Literal["ttft", "ttft+tpot", "off"] = Field(
+        default="ttft",
+        description="Models whose per-regime calibration is corrected online between retrains. TPOT is "
+        "off by default: its samples arrive when a request completes, so the newest ones over-represent "
+        "fast requests; on the simulator replay its coverage fell to 0.83-0.86 with it, 0.90 without.",
+    )
+    calibration_window: int = Field(
+        default=500,
+        ge=20,
+        description="Newest samples per regime whose residuals set that regime's online calibration offset.",
+    )
+    calibration_min_samples: int = Field(
+        default=200, ge=1, description="Fewest recent samples a regime needs before it gets its own offset."
+    )
+    calibration_publish_interval_s: float = Field(
+        default=1.0, ge=0, description="Least time between two published calibration versions."
+    )
+    calibration_min_shift: float = Field(
+        default=0.02,
+        ge=0,
+        description="Publish new regime offsets only if one moved by at least this much (log-latency units).",
+    )
+    drift_coverage_drop: float = Field(
+        default=0.1,
+        gt=0,
+        lt=1,
+        description="Drift: a regime's live coverage below quantile minus this, sustained over "
+        "--drift-min-samples samples.",
+    )
+    drift_loss_rise: float = Field(
+        default=1.5,
+        gt=1,
+        description="Drift: a regime's live pinball above this times its long-run pinball, sustained.",
+    )
+    drift_min_samples: int = Field(
+        default=200, ge=1, description="Samples of a regime since its last drift event before another."
+    )
+    drift_cooldown_s: float = Field(
+        default=30.0, ge=0, description="Least time between two drift events of the same model and regime."
+    )
     seed_bundle: Path | None = Field(
         default=None,
         description="Seed bundle (from GET /model/export) a fresh server publishes instead of the prior; "
         "ignored, with a log line, when the store already has trained versions.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainingSettings:
@@ -181,6 +233,3 @@ class TrainingSettings(BaseSettings):
     @property
     def journal_dir(self) -> Path:
         return self.data_dir / "journal"
-
-    def token(self) -> str | None:
-        return self.auth_token.get_secret_value() if self.auth_token is not None else None

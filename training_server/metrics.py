@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -113,6 +114,51 @@ class TrainingMetrics:
             ["version", "kind"],
             registry=r,
         )
+        self.live_scored = Counter(
+            "training_live_scored_samples",
+            "Arriving samples scored against the version that served them",
+            ["model"],
+            registry=r,
+        )
+        self.live_skipped = Counter(
+            "training_live_skipped_samples",
+            "Arriving samples not scored because live scoring was behind (ingestion never waits for it)",
+            registry=r,
+        )
+        self.live_coverage = Gauge(
+            "training_live_coverage",
+            "Live coverage (actual <= served prediction) over the recent samples of a regime",
+            ["model", "regime"],
+            registry=r,
+        )
+        self.live_pinball = Gauge(
+            "training_live_pinball_loss_ms",
+            "Live pinball loss (ms) over the recent samples of a regime",
+            ["model", "regime"],
+            registry=r,
+        )
+        self.regime_offset = Gauge(
+            "training_regime_offset",
+            "Online calibration offset (log-latency units) of a regime in the current version",
+            ["model", "regime"],
+            registry=r,
+        )
+        self.drift_events = Counter(
+            "training_drift_events",
+            "Drift events (sustained coverage drop or loss rise in a regime); each asks for a retrain",
+            ["model", "regime"],
+            registry=r,
+        )
+        self.calibration_publishes = Counter(
+            "training_calibration_publishes",
+            "Calibration versions published (same trees, new per-regime offsets)",
+            registry=r,
+        )
+        self.seconds_since_drift = Gauge(
+            "training_seconds_since_regime_change",
+            "Seconds since the last drift event (-1: none yet)",
+            registry=r,
+        )
 
         # Export zeros for the known label values, so dashboards and alerts see them from the start.
         for reason in ("invalid_input", "payload_too_large", "ingest_saturated", "unauthorized"):
@@ -124,6 +170,7 @@ class TrainingMetrics:
             self.training_runs.labels(outcome)
         for model in ("ttft", "tpot"):
             self.candidates_rejected.labels(model)
+            self.live_scored.labels(model)
 
     def bind(
         self,
@@ -137,6 +184,24 @@ class TrainingMetrics:
         self.window_samples.set_function(window_size)
         self.window_strata.set_function(strata)
         self.intake_pending.set_function(pending)
+
+    def bind_drift(self, seconds_since: Callable[[], float | None]) -> None:
+        self.seconds_since_drift.set_function(lambda: _or_minus_one(seconds_since()))
+
+    def set_live(
+        self,
+        model: str,
+        regimes: list[str],
+        coverage: np.ndarray,
+        pinball: np.ndarray,
+        offsets: tuple[float, ...],
+    ) -> None:
+        """Live figures of one model per regime (regimes without recent samples are left out)."""
+        for r, regime in enumerate(regimes):
+            self.regime_offset.labels(model, regime).set(offsets[r])
+            if np.isfinite(coverage[r]):
+                self.live_coverage.labels(model, regime).set(float(coverage[r]))
+                self.live_pinball.labels(model, regime).set(float(pinball[r]))
 
     def bind_model(self, current: Callable[[], Manifest | None], store: ModelStore) -> None:
         """Export the llm-d predictor's series for the current version (see ``LlmdSeries``);
@@ -167,6 +232,10 @@ class TrainingMetrics:
     def set_version(self, version: str, kind: str) -> None:
         self.version_info.clear()
         self.version_info.labels(version, kind).set(1)
+
+
+def _or_minus_one(value: float | None) -> float:
+    return -1.0 if value is None else value
 
 
 class LlmdSeries(Collector):

@@ -35,7 +35,7 @@ router = APIRouter()
 
 def require_token(request: Request, service: ServiceDep) -> None:
     """Checked before the body is validated, so an unauthorised caller learns nothing from a 422."""
-    check_token(request, service.settings.token())
+    check_token(request, service.settings.token)
 
 
 Authorized = Annotated[None, Depends(require_token)]

@@ -36,7 +36,7 @@ async def add_training_data_bulk(request: Request, service: ServiceDep) -> Respo
 
     def authorize() -> None:
         if settings.token_protects_ingest:
-            check_token(request, settings.token())
+            check_token(request, settings.token)
 
     accepted, stale = await service.ingest(
         lambda: read_body(request, settings.max_body_bytes),
@@ -111,7 +111,7 @@ async def metrics(request: Request) -> Response:
 @router.post("/retrain")
 async def retrain(request: Request, service: ServiceDep, wait: bool = False) -> Response:
     """Start a retrain now. ``?wait=true`` answers 200 with its outcome; otherwise 202 at once."""
-    check_token(request, service.settings.token())
+    check_token(request, service.settings.token)
     outcome = await service.retrain(wait)
     if outcome is None:
         return json_response({"message": "Retrain scheduled."}, 202)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 from training_server.config import TrainingSettings
 from training_server.metrics import TrainingMetrics
 from training_server.trainer import Trainer, TrainingCancelled, TrainingOutcome
@@ -32,8 +32,8 @@ from training_server.window import StratifiedWindow
 log = logging.getLogger(__name__)
 
 
-def _lower_priority(nice: int) -> None:
-    """Trainer-thread initializer: on Linux, niceness is per thread."""
+def lower_priority(nice: int) -> None:
+    """Raise the calling thread's niceness (trainer and live-scoring threads; per thread on Linux)."""
     if nice <= 0:
         return
     try:
@@ -41,14 +41,6 @@ def _lower_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
     except (OSError, AttributeError) as exc:
         log_event(log, "trainer_nice_failed", logging.WARNING, error=repr(exc))
-
-
-def log_task_failure(task: asyncio.Task[None]) -> None:
-    """Done-callback for background tasks: a crash must be visible, not silent."""
-    if not task.cancelled() and task.exception() is not None:
-        log_event(
-            log, "background_task_failed", logging.ERROR, task=task.get_name(), error=repr(task.exception())
-        )
 
 
 class RetrainScheduler:
@@ -98,7 +90,7 @@ class RetrainScheduler:
         self._loop = asyncio.get_running_loop()
         self._interval_anchor = time.monotonic()
         self._executor = ThreadPoolExecutor(
-            1, "trainer", initializer=_lower_priority, initargs=(self.settings.trainer_nice,)
+            1, "trainer", initializer=lower_priority, initargs=(self.settings.trainer_nice,)
         )
         self._task = asyncio.create_task(self._run_forever(), name="retrain-scheduler")
         self._task.add_done_callback(log_task_failure)

@@ -24,16 +24,18 @@ import xgboost as xgb
 
 from shared.artifacts import CURRENT_FILE, Manifest, ModelStore
 from shared.errors import ArtifactError, CorruptArtifact, IngestSaturated, InvalidInput, ServiceError
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 from shared.metrics import counter_totals
 from shared.prior import publish_prior
-from shared.schemas import Columns, loads, parse_training_entries, require_list
+from shared.schemas import Columns, parse_training_entries, require_entries
 from training_server.config import TrainingSettings
+from training_server.drift import DriftEvent
 from training_server.idempotency import MAX_KEY_LENGTH
 from training_server.intake import Intake
+from training_server.live_scoring import LiveScorer
 from training_server.metrics import TrainingMetrics
 from training_server.persistence import Persistence
-from training_server.scheduler import RetrainScheduler, log_task_failure
+from training_server.scheduler import RetrainScheduler
 from training_server.seeding import seed_at_start
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow, stratum_label
@@ -62,6 +64,12 @@ class TrainingService:
         self.scheduler = RetrainScheduler(
             settings, self.window, Trainer(self.store, settings), metrics, self._on_published
         )
+        self.live = (
+            LiveScorer(self.store, settings, metrics, self._on_drift, self._on_calibrated)
+            if settings.live_scoring
+            else None
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._ingesting = 0
         self._manifest: Manifest | None = None
@@ -70,16 +78,20 @@ class TrainingService:
         metrics.bind(
             lambda: self.window.size, lambda: len(self.window.strata_sizes()), self._pending, self.model_age_s
         )
+        metrics.bind_drift(lambda: self.live.seconds_since_drift() if self.live else None)
         metrics.bind_model(lambda: self._manifest, self.store)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self._loop = asyncio.get_running_loop()
         restored = await asyncio.to_thread(self._restore_window)
         manifest = await asyncio.to_thread(self._ensure_model)
         self._set_current(manifest)
         self.intake.start()
         self.scheduler.start()
+        if self.live is not None:
+            self.live.start()
         if restored and (manifest.kind == "prior" or not self._matches_settings(manifest)):
             await self.scheduler.request(wait=False)  # a restored window can replace the prior now
         self._maintenance = asyncio.create_task(self._maintenance_loop(), name="window-maintenance")
@@ -89,6 +101,8 @@ class TrainingService:
     async def stop(self) -> None:
         await asyncio.to_thread(self.persistence.close)  # hands on what was journalled
         await asyncio.to_thread(self.intake.close)  # inserts what was already accepted
+        if self.live is not None:
+            await asyncio.to_thread(self.live.close)
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
@@ -177,12 +191,14 @@ class TrainingService:
                 body = await read_body()
             finally:
                 self._ingesting -= 1
-            entries = require_list(loads(body), "entries", max_items=self.settings.max_entries_per_request)
+            entries = require_entries(body, max_items=self.settings.max_entries_per_request)
             now_s = time.time()
             columns, timestamps = parse_training_entries(entries, now_s=now_s)
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
             outcome = (len(entries), len(entries) - len(timestamps))
             await self.persistence.commit(columns, timestamps, idempotency_key, outcome, now_s)
+            if self.live is not None and len(timestamps):
+                self.live.submit(columns, timestamps)  # scored off the loop; skipped when behind
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
             raise
@@ -216,6 +232,15 @@ class TrainingService:
     def _on_published(self, version: str) -> None:
         self._set_current(self.store.read_manifest(version))
 
+    def _on_drift(self, event: DriftEvent) -> None:
+        """Live-scoring thread: a drift event retrains now."""
+        self.scheduler.request_now(f"drift: {event.model} regime {event.regime} {event.reason}")
+
+    def _on_calibrated(self, manifest: Manifest) -> None:
+        """Live-scoring thread: a calibration version was published."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._set_current, manifest)
+
     def adopt(self, manifest: Manifest) -> None:
         """Serve a version published outside the trainer (``POST /model/import``)."""
         self._set_current(manifest)
@@ -229,7 +254,11 @@ class TrainingService:
 
     def _set_current(self, manifest: Manifest) -> None:
         self._manifest = manifest
-        self._published_at_s = datetime.fromisoformat(manifest.created_at).timestamp()
+        # A calibration version keeps its trees' age: it only moved offsets.
+        trained_at = (manifest.metrics.get("online_calibration") or {}).get("trained_created_at")
+        self._published_at_s = datetime.fromisoformat(trained_at or manifest.created_at).timestamp()
+        if self.live is not None:
+            self.live.set_current(manifest)
         self.metrics.set_version(manifest.version, manifest.kind)
         for name in manifest.models:
             entry = manifest.metrics.get(name)
@@ -318,4 +347,5 @@ class TrainingService:
             },
             "journal": self.persistence.status(),
             "training": self.scheduler.status(),
+            "live": self.live.status() if self.live is not None else None,
         }

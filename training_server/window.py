@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.atomic import write_atomic
+from shared.regimes import KV_EDGES, WAITING_EDGES
 from shared.schemas import ROW_FIELD_NAMES, Columns, pod_type_name
 
 TARGET_NAMES: tuple[str, ...] = ("actual_ttft_ms", "actual_tpot_ms")
@@ -34,9 +35,8 @@ TIMESTAMP, SEQ = _COL["timestamp"], _COL["seq"]
 JOURNAL_COLUMNS: tuple[str, ...] = COLUMN_NAMES[:-1]
 """What the journal stores per sample: everything but ``seq`` (assigned again on insert)."""
 
-# Bin edges: a value v falls in bin searchsorted(edges, v, side="right").
-WAITING_EDGES = np.array([1, 2, 4, 8, 16, 32], dtype=np.float64)
-KV_EDGES = np.array([0.25, 0.5, 0.75, 0.9])
+# Bin edges: a value v falls in bin searchsorted(edges, v, side="right"). The queue and KV
+# edges are the load regimes' (shared.regimes), which online calibration coarsens.
 PREFIX_EDGES = np.array([0.1, 0.5, 0.9])
 POD_TYPES = 3
 NUM_STRATA = (len(WAITING_EDGES) + 1) * (len(KV_EDGES) + 1) * (len(PREFIX_EDGES) + 1) * POD_TYPES

@@ -89,7 +89,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> ModelStore:
 def server(store: ModelStore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
     service = start_service(
         "prediction_server",
-        ["--store", str(store.root), "--workers", "2", "--poll-interval-s", "0.25"],
+        ["--store", str(store.root), "--workers", "2", "--poll-interval-s", "0.25", "--expose-internals"],
         log_dir=tmp_path_factory.mktemp("logs"),
         ready_path="/readyz",
     )

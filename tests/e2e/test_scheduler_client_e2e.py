@@ -99,10 +99,7 @@ async def test_routes_through_the_coalescer_and_feeds_every_sample(services: Ser
         assert client.mode is Mode.PREDICTED and client.last_model_version
         assert await client.flush_samples(10.0)
         assert client.feeder is not None and client.feeder.counters.sent == 300
-    deadline = time.monotonic() + 15  # the coalescer relays asynchronously
-    while _accepted(services.training) < before + 300 and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert _accepted(services.training) == before + 300
+    assert _accepted(services.training) == before + 300  # the relay's 202 means the training server has them
 
 
 async def test_falls_back_when_predictions_die_and_recovers_when_they_return(services: Services) -> None:

@@ -128,7 +128,8 @@ async def test_a_caller_is_never_split_unless_it_alone_exceeds_the_row_cap() -> 
 
 
 async def test_bad_callers_get_their_own_422_and_never_poison_a_batch() -> None:
-    async with stack(batch_window_us=5000, max_inflight_per_replica=1) as (client, (k,)):
+    # (a generous deadline: this test is about isolation, and its 45 callers share the loop with it)
+    async with stack(batch_window_us=5000, max_inflight_per_replica=1, deadline_ms=1000.0) as (client, (k,)):
         k.delay_ms = 5.0
         bad_bodies = [
             {"requests": [row(1), row(2, kv_cache_percentage=1.5)]},
@@ -315,3 +316,21 @@ async def test_a_queue_too_slow_for_the_callers_deadline_refuses_at_once() -> No
         assert k.batch_sizes == [1, 1]  # the refused caller never reached the replica
         states = [r["state"] for r in (await client.get("/status")).json()["coalescer"]["replicas"]]
         assert states == ["healthy"]  # a call cut short by its caller's deadline does not eject
+
+
+async def test_a_slow_replica_that_answers_healthz_is_not_ejected_and_slow_ones_get_no_retries() -> None:
+    async with stack(replicas=2, deadline_ms=300.0, eject_cooldown_s=30.0) as (client, (a, b)):
+        a.delay_ms = b.delay_ms = 400.0  # CPU overload: every replica is slow, none is dead
+        responses = await asyncio.gather(
+            *(client.post(STRICT, json={"requests": rows(1, i)}) for i in range(6))
+        )
+        assert {r.status_code for r in responses} <= {502, 504}  # none answered in time
+        await asyncio.sleep(0.3)  # the /healthz checks answer
+        status = (await client.get("/status")).json()["coalescer"]
+        assert [r["state"] for r in status["replicas"]] == ["healthy", "healthy"]  # slow, alive: kept
+        metrics = (await client.get("/metrics")).text
+        # Once one timed out on each, a retry could only add load: at most the first wave retried.
+        assert a.calls + b.calls <= 6 + 2, (a.calls, b.calls)
+        assert "coalescer_retries_total" in metrics
+        a.delay_ms = b.delay_ms = 0.0
+        assert (await client.post(STRICT, json={"requests": rows(1, 0)})).status_code == 200

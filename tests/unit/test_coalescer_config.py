@@ -16,7 +16,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert s.max_batch_rows == 2000
     assert s.deadline_ms == 250.0
     assert s.relay_aimd_factor == 0.8
-    assert s.relay_batch_samples == 1000
+    assert s.relay_max_inflight_bytes == 64 * 1024 * 1024 and s.relay_wait_budget_s == 10.0
     assert s.token is None
 
 
@@ -45,7 +45,7 @@ def test_comma_lists_from_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None
         {"prediction_urls": ["http://a:1/predict"]},
         {"prediction_dns": "svc"},
         {"prediction_urls": ["http://a:1"], "max_batch_rows": 10_001},
-        {"prediction_urls": ["http://a:1"], "relay_batch_samples": 1001},
+        {"prediction_urls": ["http://a:1"], "relay_max_inflight_bytes": 1024},  # below one body
         {"prediction_urls": ["http://a:1"], "relay_min_rate": 5, "relay_max_rate": 1},
         {"prediction_urls": ["http://a:1"], "relay_aimd_factor": 1.2},
         {"prediction_urls": ["http://a:1"], "eager_inflight_per_replica": 3, "max_inflight_per_replica": 2},

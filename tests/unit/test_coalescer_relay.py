@@ -1,13 +1,13 @@
-"""The sample relay's AIMD rate, retry order and accounting, with a fake clock and a scripted transport.
+"""The sample relay's AIMD admission rate and its resends, with a fake clock and a scripted trainer.
 
-The clock only moves when the relay sleeps, so every assertion about *when* something was sent
-is exact: no wall-clock timing here.
+The clock only moves when the relay sleeps (or a test moves it), so every assertion about *when*
+is exact. The end-to-end behaviour (real training server, SIGSTOP, kill -9) is in
+tests/e2e/test_relay_faults.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 from typing import Any
 
 import httpx
@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from coalescer.metrics import create_metrics
-from coalescer.relay import RETRY_BACKOFF_MIN_S, AimdRate, SampleRelay
-from shared.errors import IngestSaturated
+from coalescer.relay import IDEMPOTENCY_HEADER, RETRY_BACKOFF_MIN_S, AimdRate, SampleRelay
+from shared.errors import DeadlineExceeded, IngestSaturated, UpstreamUnavailable
 
 
 class FakeClock:
@@ -34,46 +34,47 @@ class FakeClock:
 
 
 class ScriptedTrainer:
-    """Answers each bulk call with the next scripted status (then 202), recording what arrived when."""
+    """Answers each bulk call with the next scripted outcome (then 202), recording keys and timeouts."""
 
     def __init__(self, clock: FakeClock, script: list[Any]) -> None:
         self.clock = clock
         self.script = list(script)
-        self.calls: list[tuple[float, int, Any]] = []
-        self.accepted: list[int] = []
+        self.calls: list[tuple[str, Any]] = []
+        self.accepted_keys: set[str] = set()
+        self.samples = 0
 
     def handle(self, request: httpx.Request) -> httpx.Response:
-        entries = orjson.loads(request.content)["entries"]
+        key = request.headers[IDEMPOTENCY_HEADER]
         outcome = self.script.pop(0) if self.script else 202
-        self.calls.append((self.clock.now, len(entries), outcome))
+        self.calls.append((key, outcome))
         if outcome == "timeout":
+            self.clock.now += float(request.extensions["timeout"]["read"])
             raise httpx.ReadTimeout("scripted", request=request)
         if outcome == "refused":
             raise httpx.ConnectError("scripted", request=request)
-        if outcome == 202:
-            self.accepted.extend(e["input_token_length"] for e in entries)
+        if outcome == 202 and key not in self.accepted_keys:
+            self.accepted_keys.add(key)
+            self.samples += len(orjson.loads(request.content)["entries"])
         headers = {"Retry-After": "2"} if outcome == 429 else {}
         return httpx.Response(outcome, json={"detail": "x"}, headers=headers)
 
 
-def entries(start: int, n: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "kv_cache_percentage": 0.1,
-            "input_token_length": start + i,
-            "num_request_waiting": 0,
-            "num_request_running": 0,
-            "num_tokens_generated": 1,
-            "prefix_cache_score": 0.0,
-            "actual_ttft_ms": 10.0,
-            "actual_tpot_ms": 1.0,
-        }
-        for i in range(n)
-    ]
+def body(n: int) -> bytes:
+    entry = {
+        "kv_cache_percentage": 0.1,
+        "input_token_length": 5,
+        "num_request_waiting": 0,
+        "num_request_running": 0,
+        "num_tokens_generated": 1,
+        "prefix_cache_score": 0.0,
+        "actual_ttft_ms": 10.0,
+        "actual_tpot_ms": 1.0,
+    }
+    return orjson.dumps({"entries": [entry] * n})
 
 
 def make_relay(
-    script: list[Any], *, rate: AimdRate | None = None, capacity: int = 10_000, batch: int = 100
+    script: list[Any], *, rate: AimdRate | None = None, max_inflight_bytes: int = 1 << 20
 ) -> tuple[SampleRelay, ScriptedTrainer, FakeClock]:
     clock = FakeClock()
     trainer = ScriptedTrainer(clock, script)
@@ -82,134 +83,87 @@ def make_relay(
         "http://trainer",
         http,
         create_metrics(),
-        rate or AimdRate(min_rate=1.0, max_rate=10.0, initial=5.0, step=1.0, factor=0.8),
-        capacity=capacity,
-        batch_samples=batch,
+        rate or AimdRate(min_rate=1.0, max_rate=10.0, initial=5.0, step=1.0, factor=0.8, clock=clock),
+        max_inflight_bytes=max_inflight_bytes,
         timeout_s=1.0,
+        wait_budget_s=5.0,
         clock=clock,
         sleep=clock.sleep,
     )
     return relay, trainer, clock
 
 
-async def run_until(relay: SampleRelay, done: Any, max_steps: int = 10_000) -> None:
-    task = asyncio.create_task(relay.run())
-    try:
-        for _ in range(max_steps):
-            if done():
-                return
-            await asyncio.sleep(0)
-        raise AssertionError("relay did not finish")
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+async def send(relay: SampleRelay, raw: bytes, key: str | None = None) -> int:
+    async def read(limit: int) -> bytes:
+        return raw
+
+    return (await relay.handle(len(raw), read, key)).status
 
 
 def test_aimd_adds_on_success_multiplies_on_congestion_and_stays_in_bounds() -> None:
-    rate = AimdRate(min_rate=1.0, max_rate=4.0, initial=2.0, step=1.0, factor=0.8)
+    rate = AimdRate(min_rate=1.0, max_rate=10.0, initial=9.5, step=1.0, factor=0.5)
     rate.increase()
-    assert rate.rate == 3.0
-    rate.increase()
-    rate.increase()
-    assert rate.rate == 4.0  # clamped at the maximum
-    rate.decrease()
-    assert rate.rate == pytest.approx(3.2)
-    for _ in range(20):
+    assert rate.rate == 10.0
+    for _ in range(10):
         rate.decrease()
-    assert rate.rate == 1.0  # clamped at the minimum
-    assert rate.interval_s == 1.0
-    assert AimdRate(min_rate=1.0, max_rate=4.0, initial=50.0, step=1.0, factor=0.8).rate == 4.0
+    assert rate.rate == 1.0
 
 
-async def test_rate_follows_the_training_servers_answers() -> None:
-    relay, trainer, _ = make_relay([202, 202, 429, 503, "timeout", 202])
-    relay.accept(entries(0, 600))
-    await run_until(relay, lambda: len(trainer.accepted) == 600)
-    # 5 +1 +1 = 7, then x0.8 three times (429, 503, timeout), then +1 per accepted batch (4 more).
-    assert relay.rate.rate == pytest.approx(7 * 0.8**3 + 4)
-    assert [c[2] for c in trainer.calls] == [202, 202, 429, 503, "timeout", 202, 202, 202, 202]
+def test_the_token_bucket_admits_the_rate_and_says_when_the_next_token_comes() -> None:
+    clock = FakeClock()
+    rate = AimdRate(min_rate=1.0, max_rate=4.0, initial=4.0, step=1.0, factor=0.5, clock=clock)
+    assert [rate.take() for _ in range(4)] == [0.0] * 4  # one second of burst
+    assert rate.take() == pytest.approx(0.25)
+    clock.now += 0.25
+    assert rate.take() == 0.0
 
 
-async def test_new_batches_are_paced_by_the_rate() -> None:
-    relay, trainer, _ = make_relay(
-        [], rate=AimdRate(min_rate=1.0, max_rate=2.0, initial=2.0, step=0.0001, factor=0.8)
-    )
-    relay.accept(entries(0, 300))
-    await run_until(relay, lambda: len(trainer.accepted) == 300)
-    starts = [c[0] for c in trainer.calls]
-    gaps = [b - a for a, b in itertools.pairwise(starts)]
-    assert all(gap == pytest.approx(0.5, abs=1e-3) for gap in gaps)  # 2 batches per second
+async def test_the_answer_is_the_training_servers_and_the_rate_follows_it() -> None:
+    relay, trainer, _ = make_relay([202, 429, 503, 422])
+    assert [await send(relay, body(3)) for _ in range(4)] == [202, 429, 503, 422]
+    assert trainer.samples == 3
+    assert relay.rate.rate == pytest.approx(6.0 * 0.8 * 0.8)
 
 
-async def test_a_failed_batch_is_retried_first_and_not_held_back_by_the_rate() -> None:
-    slow = AimdRate(min_rate=0.1, max_rate=0.2, initial=0.2, step=0.01, factor=0.8)  # 5 s between batches
-    relay, trainer, _ = make_relay([503, "refused"], rate=slow)
-    relay.accept(entries(0, 250))
-    await run_until(relay, lambda: len(trainer.accepted) == 250)
-    (t0, n0, _), (t1, n1, _), (t2, n2, _), (t3, *_rest) = trainer.calls[:4]
-    assert n0 == n1 == n2 == 100  # the same first batch, three times
-    assert t1 - t0 == pytest.approx(RETRY_BACKOFF_MIN_S)  # a short backoff, not the 5 s rate interval
-    assert t2 - t1 == pytest.approx(2 * RETRY_BACKOFF_MIN_S)
-    assert t3 - t2 >= 1 / 0.2 * 0.8  # the next *new* batch waits for the rate again
-    assert trainer.accepted == list(range(250))  # in order, each exactly once
+async def test_a_timed_out_call_is_resent_with_the_same_key_at_once_and_lands_once() -> None:
+    slow = AimdRate(min_rate=0.1, max_rate=0.1, initial=0.1, step=1.0, factor=0.8)
+    relay, trainer, clock = make_relay(["timeout", "refused", 202], rate=slow)
+    assert await send(relay, body(10)) == 202
+    keys = {key for key, _ in trainer.calls}
+    assert len(trainer.calls) == 3 and len(keys) == 1  # one key for every resend
+    assert trainer.samples == 10
+    assert clock.sleeps == [RETRY_BACKOFF_MIN_S, RETRY_BACKOFF_MIN_S * 2]  # not the 10 s rate interval
 
 
-async def test_retry_after_of_a_429_is_honoured() -> None:
-    relay, trainer, _ = make_relay([429])
-    relay.accept(entries(0, 10))
-    await run_until(relay, lambda: len(trainer.accepted) == 10)
-    assert trainer.calls[1][0] - trainer.calls[0][0] == pytest.approx(2.0)
-
-
-async def test_nothing_is_lost_while_the_training_server_is_down() -> None:
-    relay, trainer, _ = make_relay(["refused"] * 30 + [503] * 5)
-    for b in range(5):
-        relay.accept(entries(100 * b, 100))
-    assert relay.buffered == 500
-    await run_until(relay, lambda: len(trainer.accepted) == 500)
-    assert trainer.accepted == list(range(500))
-    assert relay.relayed == 500 and relay.dropped == 0 and relay.buffered == 0
-    assert relay.rate.rate >= relay.rate.min_rate
-
-
-async def test_a_full_buffer_refuses_everything_of_a_call() -> None:
-    relay, _, _ = make_relay([], capacity=150)
-    relay.accept(entries(0, 100))
-    with pytest.raises(IngestSaturated) as info:
-        relay.accept(entries(100, 51))
-    assert info.value.status_code == 429
-    assert "Retry-After" in info.value.headers
-    assert relay.buffered == 100
-    relay.accept(entries(100, 50))
-    assert relay.buffered == 150
-
-
-async def test_samples_the_training_server_refuses_are_dropped_and_counted() -> None:
-    relay, trainer, _ = make_relay([422])
-    relay.accept(entries(0, 150))
-    await run_until(relay, lambda: relay.buffered == 0)
-    assert relay.dropped == 100 and relay.relayed == 50
-    assert trainer.accepted == list(range(100, 150))
-
-
-def test_missing_timestamps_are_stamped_on_arrival() -> None:
-    relay, _, _ = make_relay([])
-    batch = entries(0, 3)
-    batch[0]["timestamp"] = "0001-01-01T00:00:00Z"
-    batch[1]["timestamp"] = "2026-01-02T03:04:05Z"
-    relay.accept(batch)
-    assert batch[0]["timestamp"].endswith("Z") and not batch[0]["timestamp"].startswith("0001")
-    assert batch[1]["timestamp"] == "2026-01-02T03:04:05Z"
-    assert batch[2]["timestamp"] == batch[0]["timestamp"]
-
-
-async def test_drain_sends_what_is_left_and_counts_the_rest_as_dropped() -> None:
+async def test_a_senders_own_key_is_forwarded() -> None:
     relay, trainer, _ = make_relay([])
-    relay.accept(entries(0, 250))
-    await relay.drain(10.0)
-    assert len(trainer.accepted) == 250 and relay.dropped == 0
-    relay2, trainer2, _ = make_relay(["refused"] * 1000)
-    relay2.accept(entries(0, 250))
-    await relay2.drain(1.0)
-    assert relay2.dropped == 250 and relay2.buffered == 0 and trainer2.accepted == []
+    assert await send(relay, body(1), key="batch-42") == 202
+    assert trainer.calls == [("batch-42", 202)]
+
+
+async def test_when_the_budget_runs_out_the_sender_gets_an_error_never_a_202() -> None:
+    relay, trainer, _ = make_relay(["timeout"] * 20)
+    with pytest.raises(DeadlineExceeded):
+        await send(relay, body(2))
+    relay, trainer, _ = make_relay(["refused"] * 200)
+    with pytest.raises(UpstreamUnavailable):
+        await send(relay, body(2))
+    assert trainer.samples == 0
+
+
+async def test_bytes_in_flight_are_bounded_before_the_body_is_read() -> None:
+    relay, _, _ = make_relay([], max_inflight_bytes=1000)
+    gate = asyncio.Event()
+
+    async def slow_read(limit: int) -> bytes:
+        await gate.wait()
+        return body(2)
+
+    first = asyncio.create_task(relay.handle(900, slow_read, None))
+    await asyncio.sleep(0)
+    assert relay.inflight_bytes == 900
+    with pytest.raises(IngestSaturated):
+        await send(relay, body(2))  # 900 + this would exceed 1000: refused without reading
+    gate.set()
+    assert (await first).status == 202
+    assert relay.inflight_bytes == 0 and relay.inflight_requests == 0

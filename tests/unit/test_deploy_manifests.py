@@ -218,6 +218,23 @@ def test_compose_replicas_read_the_store_the_training_server_writes(
     assert (replica_vol, replica_sub) == (store_vol, store_sub)
 
 
+def test_compose_requires_an_admin_token_and_passes_it_as_a_file(
+    compose: dict[str, Any], compose_services: dict[str, Invocation]
+) -> None:
+    (secret,) = compose["secrets"].values()
+    # ${VAR:?message}: compose refuses to start while the token file is not named.
+    assert re.fullmatch(r"\$\{LATENCY_ADMIN_TOKEN_FILE:\?[^}]+\}", secret["file"]), secret
+    (secret_name,) = compose["secrets"]
+    for name, svc in compose["services"].items():
+        assert svc["secrets"] == [secret_name], name
+        settings = compose_services[name].settings
+        assert settings.auth_token is None, f"{name}: the token must not be written in compose.yaml"
+        assert str(settings.auth_token_file) == f"/run/secrets/{secret_name}", name
+        assert "--auth-token" not in svc["command"], f"{name}: a token flag is visible in ps"
+        for mapping in svc.get("ports", []):
+            assert str(mapping).startswith("127.0.0.1:"), f"{name}: {mapping} is published beyond loopback"
+
+
 # --------------------------------------------------------------------------- Dockerfile
 
 
@@ -414,6 +431,96 @@ def test_k8s_every_manifest_is_in_the_kustomization() -> None:
     for path in K8S_DIR.glob("*.yaml"):
         for image in re.findall(r"image:\s*(\S+)", path.read_text()):
             assert image.split(":")[0] in images, f"{path.name}: image {image} not managed by kustomize"
+
+
+def test_k8s_admin_token_is_a_generated_secret_mounted_as_a_file(
+    k8s_docs: list[dict[str, Any]], workloads: dict[str, Workload]
+) -> None:
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    (generator,) = kustomization["secretGenerator"]
+    (token_file,) = generator["files"]
+    # The token is the operator's: generated before the first apply, never committed.
+    assert token_file in (REPO / ".gitignore").read_text()
+    assert not _kind(k8s_docs, "Secret"), "a Secret written in the repository is no secret"
+    for w in workloads.values():
+        settings = w.invocation.settings
+        assert settings.auth_token is None and "--auth-token" not in w.container["command"], w.name
+        volumes = {v["name"]: v for v in w.pod["spec"]["volumes"]}
+        mounts = [m for m in w.container["volumeMounts"] if volumes[m["name"]].get("secret")]
+        (mount,) = mounts
+        assert volumes[mount["name"]]["secret"]["secretName"] == generator["name"], w.name
+        assert mount.get("readOnly") is True, w.name
+        assert PurePosixPath(str(settings.auth_token_file)) == PurePosixPath(mount["mountPath"]) / token_file
+        # The file is group-readable only: the pod's group must own it.
+        assert (
+            w.pod["spec"]["securityContext"].get("fsGroup") == w.pod["spec"]["securityContext"]["runAsUser"]
+        )
+
+
+SCHEDULER = {"latency-model-services/access": "scheduler"}
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def test_k8s_network_policy_admits_only_the_scheduler_and_the_stack_itself(
+    k8s_docs: list[dict[str, Any]], workloads: dict[str, Workload]
+) -> None:
+    policies = list(_kind(k8s_docs, "NetworkPolicy").values())
+
+    def admitted(w: Workload) -> list[tuple[str, frozenset[tuple[str, str]], tuple[int, ...]]]:
+        (policy,) = [
+            p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= w.labels.items()
+        ]
+        assert policy["spec"]["policyTypes"] == ["Ingress"], w.name
+        out = []
+        for rule in policy["spec"]["ingress"]:
+            ports = tuple(sorted(int(p["port"]) for p in rule["ports"]))
+            for peer in rule["from"]:
+                ((kind, selector),) = peer.items()
+                out.append((kind, frozenset(selector["matchLabels"].items()), ports))
+        return out
+
+    def pods(*labels: dict[str, str]) -> set[frozenset[tuple[str, str]]]:
+        return {frozenset(lab.items()) for lab in labels}
+
+    name = {m: {"app.kubernetes.io/name": workloads[m].labels["app.kubernetes.io/name"]} for m in workloads}
+    expected = {
+        "coalescer": pods(SCHEDULER),
+        "prediction_server": pods(name["coalescer"]),
+        "training_server": pods(SCHEDULER, name["coalescer"], name["prediction_server"]),
+    }
+    for module, w in workloads.items():
+        rules = admitted(w)
+        port = w.invocation.settings.port
+        assert all(ports == (port,) for _, _, ports in rules), f"{w.name}: only its service port"
+        assert {sel for kind, sel, _ in rules if kind == "podSelector"} == expected[module], w.name
+        assert {sel for kind, sel, _ in rules if kind == "namespaceSelector"} == pods(MONITORING), w.name
+
+
+def test_k8s_kustomize_renders_the_secret_and_the_policies(tmp_path: Path) -> None:
+    """``kubectl kustomize`` on a copy with a token file: what ``kubectl apply -k`` would send."""
+    import shutil
+    import subprocess
+
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    copy = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, copy)
+    (copy / "admin-token").write_text("a-generated-token\n")
+    out = subprocess.run([kubectl, "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    (secret,) = _kind(docs, "Secret").values()
+    assert set(secret["data"]) == {"admin-token"}
+    for deployment in _kind(docs, "Deployment").values():
+        names = {
+            v.get("secret", {}).get("secretName") for v in deployment["spec"]["template"]["spec"]["volumes"]
+        }
+        assert secret["metadata"]["name"] in names  # the hashed name is rewritten into every pod
+    assert len(_kind(docs, "NetworkPolicy")) == 3
+    (tmp_path / "k8s" / "admin-token").unlink()  # without the token file, nothing renders
+    out = subprocess.run([kubectl, "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
 
 
 # --------------------------------------------------------------------------- local stack

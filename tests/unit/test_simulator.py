@@ -209,3 +209,38 @@ def test_time_cannot_go_backwards() -> None:
     cluster.advance_to(1.0)
     with pytest.raises(ValueError):
         cluster.advance_to(0.5)
+
+
+def _residents_tpot(extra_prompt_tokens: list[int]) -> float:
+    """Mean TPOT of 20 decoding requests when prompts of these sizes arrive while they decode."""
+    cluster = Cluster([PodConfig(step_jitter_frac=0.0)])
+    for i in range(20):
+        cluster.route(_req(i, prompt=100, output=400), 0)
+    cluster.advance_to(0.5)  # all 20 are decoding by now
+    for j, tokens in enumerate(extra_prompt_tokens):
+        cluster.route(_req(100 + j, prompt=tokens, output=2, at=0.5), 0)
+    done = cluster.drain()
+    return float(np.mean([c.tpot_ms for c in done if c.request.request_id < 20]))
+
+
+def test_a_prefill_lengthens_every_co_scheduled_decode_step_in_proportion_to_its_tokens() -> None:
+    """Chunked prefill: the decoders' TPOT grows by prefill_ms_per_token * tokens over their outputs."""
+    alone = _residents_tpot([])
+    one = _residents_tpot([8000]) - alone
+    two = _residents_tpot([8000, 8000]) - alone
+    expected = PodConfig().prefill_ms_per_token * 8000 / 399  # spread over the 399 decode steps
+    assert one == pytest.approx(expected, rel=0.3)
+    assert two == pytest.approx(2 * one, rel=0.15)
+
+
+def test_long_prompt_share_makes_a_bimodal_prompt_mix_and_leaves_the_default_stream_alone() -> None:
+    base = WorkloadConfig(num_requests=4000, seed=5)
+    plain = [r.prompt_tokens for r in Workload(base)]
+    assert plain == [r.prompt_tokens for r in Workload(dataclasses.replace(base, long_prompt_share=0.0))]
+    mixed = [r.prompt_tokens for r in Workload(dataclasses.replace(base, long_prompt_share=0.3))]
+    long = np.array(mixed) > 3000
+    assert 0.25 < long.mean() < 0.35  # the short mode rarely exceeds 3000 tokens (median 700)
+    assert np.median(np.array(mixed)[long]) == pytest.approx(6000, rel=0.1)
+    assert max(mixed) <= 12352
+    with pytest.raises(ValueError):
+        WorkloadConfig(long_prompt_share=1.5)

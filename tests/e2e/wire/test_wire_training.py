@@ -111,11 +111,22 @@ def test_saturated_ingestion_is_429_with_retry_after(fleet: Fleet, tmp_path: Any
             assert int(response.headers["Retry-After"]) >= 1
     finally:
         training.stop()
-    # Through the coalescer: its relay buffer is bounded; with the training server gone it fills.
+    # Through the coalescer: it acknowledges nothing the training server has not taken (the
+    # training server is gone: 503 with Retry-After), and beyond its admission rate it answers 429.
     dead = f"http://127.0.0.1:{free_port()}"
-    coalescer = fleet.start_coalescer(fleet.prediction, dead, "--relay-buffer-samples", "10")
+    coalescer = fleet.start_coalescer(
+        fleet.prediction,
+        dead,
+        "--relay-max-rate",
+        "1",
+        "--relay-min-rate",
+        "0.5",
+        "--relay-wait-budget-s",
+        "1",
+    )
     try:
-        assert bulk(coalescer.url, {"entries": entries(10)}).status_code == 202
+        unreachable = bulk(coalescer.url, {"entries": entries(10)})
+        assert unreachable.status_code == 503 and int(unreachable.headers["Retry-After"]) >= 1
         response = bulk(coalescer.url, {"entries": entries(5)})
         assert response.status_code == 429 and int(response.headers["Retry-After"]) >= 1
     finally:

@@ -1,0 +1,50 @@
+"""One evaluation run as a picklable-free job for a process pool: names in, JSON out.
+
+A job is (store dir, seed, requests, scenario name, policy name, harm weight): the worker
+rebuilds the scenario and the policy from ``routing_setup`` by name, predicts in process with
+``StorePredictions`` (loaded once per worker and store) and returns the ``RunResult`` as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+from bench.routing_local import StorePredictions
+from bench.routing_setup import HEURISTICS, PREDICTED, RECOMMENDED, RECOMMENDED_ADMISSION, scenarios
+from bench.routing_sim import RunResult, run_policy
+from scheduler_client import CompositeHeuristic, Policy, default_policy
+
+_SOURCES: dict[str, StorePredictions] = {}
+
+
+def policy_for(name: str, seed: int, harm_weight: float) -> Policy:
+    """The named benchmark policy; the recommended ones with ``harm_weight``."""
+    if name in HEURISTICS:
+        return HEURISTICS[name](seed)
+    if name == "composite (tie-break seed + 1)":
+        return CompositeHeuristic(seed=seed + 1)
+    if name == RECOMMENDED or name.startswith(RECOMMENDED + " harm"):
+        return default_policy(seed, harm_weight=harm_weight)
+    if name == RECOMMENDED_ADMISSION:
+        return default_policy(seed, admission=True, harm_weight=harm_weight)
+    return PREDICTED[name](seed)
+
+
+def run_job(store: str, seed: int, requests: int, scenario: str, policy: str, harm_weight: float) -> str:
+    (chosen,) = [s for s in scenarios(seed, requests) if s.name == scenario]
+    routed = policy_for(policy, seed, harm_weight)
+    source = None
+    if routed.uses_predictions:
+        source = _SOURCES.get(store)
+        if source is None:
+            source = _SOURCES[store] = StorePredictions(Path(store))
+    result = asyncio.run(run_policy(chosen, routed, source))
+    result.policy = policy
+    return json.dumps(dataclasses.asdict(result))
+
+
+def result_from_json(text: str) -> RunResult:
+    return RunResult(**json.loads(text))

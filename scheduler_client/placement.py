@@ -1,0 +1,127 @@
+"""Placement cost to others: what putting this request on a pod does to the requests already there.
+
+Every prefill chunk a pod runs lengthens the decode steps of every sequence co-scheduled with
+it (chunked prefill), and every extra running sequence makes each step a little longer. A
+policy that looks only at the new request's own predicted latency piles prefill work onto
+pods whose running requests are decoding near their TPOT SLO. ``PlacementCost`` adds, per
+candidate pod, the predicted harm to those requests.
+
+The harm comes from the same models, in the same bulk prediction call: for each candidate,
+``with_request(row)`` is the pod's row as it will look once this request is placed there (its
+uncached prompt added to ``prefill_tokens_in_flight``, its KV context to
+``decode_tokens_in_flight``, one more running request). The router predicts the candidates'
+rows and these extra rows together (``extra_rows``), so one routing decision stays one call:
+
+    delta_p = max(0, tpot(with_request(row_p)) - tpot(row_p))        ms per output token
+    harm_p  = delta_p * (running_p + waiting_p) / others_tpot_slo_ms  "SLO-widths" summed over them
+
+and the cost of pod p, lower is better:
+
+    cost_p = -headroom_p + harm_weight * harm_p
+
+where ``headroom_p`` is the request's own weighted relative SLO headroom (``SloHeadroom``'s
+``h``: 0.5 TTFT + 0.5 TPOT, as a share of each SLO). As in ``SloHeadroom("spread")``, pods
+predicted to meet both SLOs are the only ones in the draw while there are any; otherwise the
+shortfall is the own term. ``others_tpot_slo_ms`` is the TPOT objective assumed for the requests
+already running (default: this request's own TPOT SLO, else 50 ms).
+
+Wrapped in ``PrefixAffinity(..., threshold=0.8)`` this is the llm-d pipeline's shape: prefix
+affinity gated by predicted TTFT with epsilon exploration, then SLO headroom and the harm term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from scheduler_client.picking import Picker
+from scheduler_client.policies import PredictedPolicy, SloHeadroom
+from scheduler_client.types import Prediction, RoutingRequest, Row, meets_slo
+
+__all__ = ["PlacementCost", "with_request"]
+
+DEFAULT_OTHERS_TPOT_SLO_MS = 50.0
+
+
+def with_request(row: Row) -> dict[str, object]:
+    """The candidate pod's row once the request ``row`` describes is placed there (see the module)."""
+    prompt = int(row["input_token_length"])
+    uncached = round(prompt * (1.0 - float(row["prefix_cache_score"])))
+    out = dict(row)
+    out["num_request_running"] = int(row["num_request_running"]) + 1
+    out["prefill_tokens_in_flight"] = int(row.get("prefill_tokens_in_flight", 0)) + uncached
+    out["decode_tokens_in_flight"] = int(row.get("decode_tokens_in_flight", 0)) + prompt
+    return out
+
+
+class PlacementCost(PredictedPolicy):
+    """Own SLO headroom plus ``harm_weight`` x predicted TPOT harm to the pod's requests."""
+
+    name = "placement-cost"
+
+    def __init__(
+        self,
+        harm_weight: float = 1.0,
+        *,
+        others_tpot_slo_ms: float | None = None,
+        ttft_weight: float = 0.5,
+        tpot_weight: float = 0.5,
+        picker: Picker | None = None,
+        seed: int = 0,
+    ) -> None:
+        if harm_weight < 0 or not math.isfinite(harm_weight):
+            raise ValueError("harm_weight must be a finite number >= 0")
+        if others_tpot_slo_ms is not None and not others_tpot_slo_ms > 0:
+            raise ValueError("others_tpot_slo_ms must be > 0 (or None)")
+        super().__init__(picker, seed=seed)
+        self.harm_weight = harm_weight
+        self.others_tpot_slo_ms = others_tpot_slo_ms
+        self._own = SloHeadroom("spread", ttft_weight=ttft_weight, tpot_weight=tpot_weight)
+        self.ttft_weight = ttft_weight
+        self.tpot_weight = tpot_weight
+
+    def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
+        return [with_request(row) for row in rows] if self.harm_weight > 0 else []
+
+    def harms(
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction],
+        extra: Sequence[Prediction],
+    ) -> list[float]:
+        """Per candidate: predicted TPOT increase of its requests, summed, in widths of their SLO."""
+        if not extra:
+            return [0.0] * len(rows)
+        if len(extra) != len(rows):
+            raise ValueError(f"{len(extra)} placement predictions for {len(rows)} candidates")
+        slo = self.others_tpot_slo_ms or request.tpot_slo_ms or DEFAULT_OTHERS_TPOT_SLO_MS
+        out = []
+        for row, alone, placed in zip(rows, predictions, extra, strict=True):
+            others = int(row["num_request_running"]) + int(row["num_request_waiting"])
+            out.append(max(0.0, placed.tpot_ms - alone.tpot_ms) * others / slo)
+        return out
+
+    def predicted_costs(
+        self,
+        request: RoutingRequest,
+        rows: Sequence[Row],
+        predictions: Sequence[Prediction],
+        extra: Sequence[Prediction] = (),
+    ) -> tuple[list[float], str]:
+        harms = self.harms(request, rows, predictions, extra)
+        if not request.has_slo:
+            own = [p.ttft_ms / 1000.0 + p.tpot_ms / DEFAULT_OTHERS_TPOT_SLO_MS for p in predictions]
+            reason = "no SLO: latency"
+        else:
+            own = []
+            meeting = [meets_slo(request, p) for p in predictions]
+            for p, ok in zip(predictions, meeting, strict=True):
+                ttft, tpot = self._own.headrooms(request, p)
+                w_ttft = self.ttft_weight if request.ttft_slo_ms is not None else 0.0
+                w_tpot = self.tpot_weight if request.tpot_slo_ms is not None else 0.0
+                h = (w_ttft * ttft + w_tpot * tpot) / ((w_ttft + w_tpot) or 1.0)
+                own.append(-h if ok or not any(meeting) else math.inf)
+            reason = "pods meeting the SLO" if any(meeting) else "no pod meets the SLO: least shortfall"
+        costs = [c + self.harm_weight * harm for c, harm in zip(own, harms, strict=True)]
+        return costs, f"placement cost; {reason}"

@@ -1,0 +1,188 @@
+"""Online calibration through real servers: a real training server learns that TTFT doubled in one
+load regime, publishes a calibration version (same model files, new regime offsets) and a real
+prediction server picks it up within about a second, without recompiling the trees, shifting
+only that regime's predictions. And a drift event retrains at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from shared.artifacts import Manifest
+from shared.features import build_features
+from shared.regimes import DEFAULT_SCHEME
+from tests.procs import start_service
+from training_server import synthetic
+
+pytestmark = pytest.mark.e2e
+
+SHIFTED = "waiting=4-15 kv=0-0.5"
+BASE_FLAGS = [
+    "--min-new-samples", "10000000", "--retrain-interval-s", "3600", "--n-estimators", "30",
+    "--min-train-samples", "200", "--trainer-nice", "0",
+]  # fmt: skip
+
+
+def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _shifted_samples(n: int, seed: int, factor: float) -> dict[str, np.ndarray]:
+    """Samples of the shifted regime only (4-15 waiting, KV below 0.5), TTFT times ``factor``."""
+    rng = np.random.default_rng(seed)
+    columns = synthetic.pod_states(n, rng, waiting=6)
+    columns["kv_cache_percentage"] = rng.uniform(0.05, 0.45, n)
+    columns["actual_ttft_ms"], columns["actual_tpot_ms"] = synthetic.latencies(columns, rng)
+    columns["actual_ttft_ms"] *= factor
+    return columns
+
+
+def _post(client: httpx.Client, url: str, columns: dict[str, np.ndarray]) -> None:
+    body = orjson.dumps({"entries": synthetic.to_entries(columns)})
+    assert client.post(url + "/add_training_data_bulk", content=body).status_code == 202
+
+
+def _train(client: httpx.Client, url: str) -> Manifest:
+    for seed in range(5):
+        _post(client, url, synthetic.samples(1000, np.random.default_rng(seed)))
+    _wait(lambda: client.get(url + "/status").json()["live"]["pending_samples"] == 0, 30, "scoring")
+    outcome = client.post(url + "/retrain", params={"wait": "true"}, timeout=120).json()
+    assert outcome["outcome"] == "published", outcome
+    return Manifest.from_json(client.get(url + "/models/current").content)
+
+
+def _probe_rows() -> tuple[list[dict[str, Any]], np.ndarray]:
+    columns = synthetic.pod_states(400, np.random.default_rng(99))
+    columns["num_request_waiting"] = np.tile(np.array([0.0, 2.0, 6.0, 20.0]), 100)
+    labels = np.array([DEFAULT_SCHEME.label(r) for r in DEFAULT_SCHEME.ids(build_features(columns)).tolist()])
+    rows = [
+        {k: v for k, v in e.items() if not k.startswith("actual_")} for e in synthetic.to_entries(columns)
+    ]
+    return rows, labels == SHIFTED
+
+
+def _predict(
+    client: httpx.Client, url: str, rows: list[dict[str, Any]]
+) -> tuple[np.ndarray, np.ndarray, str]:
+    body = client.post(url + "/predict/bulk/strict", content=orjson.dumps({"requests": rows})).json()
+    ttft = np.array([p["ttft_ms"] for p in body["predictions"]])
+    tpot = np.array([p["tpot_ms"] for p in body["predictions"]])
+    return ttft, tpot, body["model_version"]
+
+
+def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_trees(tmp_path: Path) -> None:
+    data, logs = tmp_path / "data", tmp_path / "logs"
+    no_drift = ["--drift-coverage-drop", "0.99", "--drift-loss-rise", "1000000000"]  # keep the trees
+    with (
+        start_service(
+            "training_server", ["--data-dir", str(data), *BASE_FLAGS, *no_drift], log_dir=logs
+        ) as ts,
+        httpx.Client(timeout=30) as client,
+    ):
+        trained = _train(client, ts.url)
+        store = ["--store", str(data / "models"), "--poll-interval-s", "0.1"]
+        with start_service("prediction_server", store, log_dir=logs, ready_path="/readyz") as ps:
+            _wait(lambda: client.get(ps.url + "/status").json()["model_version"] == trained.version, 10, "T")
+            rows, shifted = _probe_rows()
+            ttft_before, tpot_before, _ = _predict(client, ps.url, rows)
+
+            # TTFT doubles in one regime; only that regime's samples arrive.
+            for seed in range(6):
+                _post(client, ts.url, _shifted_samples(500, 100 + seed, factor=2.0))
+            _wait(
+                lambda: client.get(ts.url + "/status").json()["live"]["pending_samples"] == 0, 30, "scoring"
+            )
+
+            def calibrated() -> Manifest | None:
+                m = Manifest.from_json(client.get(ts.url + "/models/current").content)
+                offsets = m.models["ttft"].regime_offsets
+                if m.kind != "calibrated" or offsets is None:
+                    return None
+                return m if offsets.offsets[DEFAULT_SCHEME.labels().index(SHIFTED)] > 0.3 else None
+
+            version = _wait(calibrated, 10, "a calibration version with the shifted regime corrected")
+            time.sleep(1.5)  # let the last rate-limited publication out, then read what is current
+            version = Manifest.from_json(client.get(ts.url + "/models/current").content)
+            assert version.kind == "calibrated"
+            for name in ("ttft", "tpot"):
+                assert version.models[name].sha256 == trained.models[name].sha256
+                assert version.models[name].file == trained.models[name].file
+
+            status = _wait(
+                lambda: (
+                    (s := client.get(ps.url + "/status").json())["model_version"] == version.version and s
+                ),
+                5,
+                "the replica to serve the calibration version",
+            )
+            switch_s = (
+                datetime.fromisoformat(status["last_model_load"]) - datetime.fromisoformat(version.created_at)
+            ).total_seconds()
+            print(f"calibration version {version.version} served {switch_s * 1000:.0f} ms after publication")
+            assert switch_s < 1.0
+            loaded = [
+                orjson.loads(line)
+                for line in ps.logs().splitlines()
+                if '"model_loaded"' in line and version.version in line
+            ]
+            assert loaded and loaded[-1]["reused_trees"] is True, loaded
+
+            ttft_after, tpot_after, served = _predict(client, ps.url, rows)
+            assert served == version.version
+            assert np.allclose(tpot_after, tpot_before)  # TPOT is not calibrated online by default
+            assert np.allclose(ttft_after[~shifted], ttft_before[~shifted])
+            # TTFT doubled there; how much of that the offset must add depends on how high the trees
+            # (and their work-ahead baseline) already predicted in that regime: well above 1, at most ~2.
+            ratio = (1 + ttft_after[shifted]) / (1 + ttft_before[shifted])
+            assert shifted.sum() >= 20 and np.allclose(ratio, ratio[0]) and 1.3 < ratio[0] < 2.6, ratio[:5]
+
+        metrics = client.get(ts.url + "/metrics").text
+        assert f'training_regime_offset{{model="ttft",regime="{SHIFTED}"}}' in metrics
+        assert "training_calibration_publishes_total" in metrics
+
+
+def test_a_drift_event_retrains_at_once(tmp_path: Path) -> None:
+    data, logs = tmp_path / "data", tmp_path / "logs"
+    with (
+        start_service("training_server", ["--data-dir", str(data), *BASE_FLAGS], log_dir=logs) as ts,
+        httpx.Client(timeout=30) as client,
+    ):
+        _train(client, ts.url)
+        runs = client.get(ts.url + "/status").json()["training"]["runs"]
+        # TTFT quadruples in one regime: far beyond what calibration absorbs in the first samples.
+        for seed in range(4):
+            _post(client, ts.url, _shifted_samples(500, 200 + seed, factor=4.0))
+
+        def retrained() -> dict[str, Any] | None:
+            status: dict[str, Any] = client.get(ts.url + "/status").json()
+            return status if status["training"]["runs"] > runs and not status["training"]["running"] else None
+
+        try:
+            status = _wait(retrained, 60, "a retrain nobody asked for")
+        except AssertionError:
+            print(orjson.dumps(client.get(ts.url + "/status").json(), option=orjson.OPT_INDENT_2).decode())
+            print(ts.logs()[-3000:])
+            raise
+        assert status["live"]["drift_events"] >= 1
+        assert status["live"]["last_drift"]["regime"] == SHIFTED
+        assert status["live"]["last_drift"]["model"] == "ttft"
+        assert 0 <= status["live"]["last_drift"]["seconds_ago"] < 60
+        drift_lines = [orjson.loads(line) for line in ts.logs().splitlines() if '"drift_detected"' in line]
+        assert drift_lines and drift_lines[0]["regime"] == SHIFTED
+        metrics = client.get(ts.url + "/metrics").text
+        assert f'training_drift_events_total{{model="ttft",regime="{SHIFTED}"}} ' in metrics
+        assert "training_seconds_since_regime_change" in metrics

@@ -1,0 +1,111 @@
+"""PlacementCost: the predicted harm of a placement to a pod's running requests changes decisions.
+
+The decisions here come from constructed predictions (the policy is a pure function of them);
+``tests/e2e/test_placement_e2e.py`` checks the same against trained models and the simulator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler_client import (
+    Admission,
+    PlacementCost,
+    Prediction,
+    PrefixAffinity,
+    RoutingRequest,
+    SloHeadroom,
+    default_policy,
+    with_request,
+)
+from scheduler_client.recommended import ADMISSION_SLACK, AFFINITY_THRESHOLD, HARM_WEIGHT
+
+BATCH = RoutingRequest(ttft_slo_ms=2000.0, tpot_slo_ms=60.0)
+
+
+def row(running: int, waiting: int = 0, prefix: float = 0.0, prefill: int = 0) -> dict[str, Any]:
+    return {
+        "kv_cache_percentage": 0.2,
+        "input_token_length": 3000,
+        "num_request_waiting": waiting,
+        "num_request_running": running,
+        "num_tokens_generated": 1,
+        "prefix_cache_score": prefix,
+        "prefill_tokens_in_flight": prefill,
+        "decode_tokens_in_flight": 1000 * running,
+    }
+
+
+def test_with_request_adds_the_uncached_prompt_and_one_running_request() -> None:
+    placed = with_request(row(running=4, prefix=0.25, prefill=500))
+    assert placed["num_request_running"] == 5
+    assert placed["prefill_tokens_in_flight"] == 500 + 2250  # 75% of 3000 uncached
+    assert placed["decode_tokens_in_flight"] == 4000 + 3000
+    minimal = {k: v for k, v in row(running=1).items() if not k.endswith("_in_flight")}
+    assert with_request(minimal)["prefill_tokens_in_flight"] == 3000  # the optional fields default to 0
+
+
+def test_harm_to_a_busy_pod_changes_the_decision() -> None:
+    """Own headroom prefers the busy pod; the harm to its 40 decoding requests sends it elsewhere."""
+    rows = [row(running=40), row(running=2, waiting=3, prefill=15000)]
+    own = [Prediction(120.0, 18.0, "v"), Prediction(400.0, 20.0, "v")]
+    placed = [Prediction(130.0, 19.5, "v"), Prediction(410.0, 21.0, "v")]
+    assert SloHeadroom("spread").choose(BATCH, rows, own).pod == 0
+    assert PlacementCost(harm_weight=0.0).choose(BATCH, rows, own, placed).pod == 0
+    policy = PlacementCost(harm_weight=1.0)
+    assert policy.harms(BATCH, rows, own, placed) == pytest.approx([1.5 * 40 / 60, 1.0 * 5 / 60])
+    decision = policy.choose(BATCH, rows, own, placed)
+    assert decision.pod == 1 and decision.used_predictions
+
+
+def test_pods_missing_the_slo_stay_out_while_some_pod_meets_it() -> None:
+    rows = [row(running=1), row(running=60)]
+    own = [Prediction(2500.0, 10.0), Prediction(300.0, 30.0)]  # pod 0 misses the TTFT SLO
+    placed = [Prediction(2500.0, 10.0), Prediction(300.0, 40.0)]  # ... and pod 1 would be harmed
+    assert PlacementCost(harm_weight=10.0).choose(BATCH, rows, own, placed).pod == 1
+
+
+def test_extra_rows_are_one_per_candidate_and_none_without_the_harm_term() -> None:
+    rows = [row(running=3), row(running=5)]
+    assert PlacementCost(1.0).extra_rows(BATCH, rows) == [with_request(r) for r in rows]
+    assert PlacementCost(0.0).extra_rows(BATCH, rows) == []
+    wrapped = Admission(PrefixAffinity(PlacementCost(1.0)))
+    assert len(wrapped.extra_rows(BATCH, rows)) == 2
+
+
+def test_without_predictions_it_falls_back_to_the_composite_score() -> None:
+    rows = [row(running=10), row(running=0)]
+    decision = PlacementCost(1.0).choose(BATCH, rows, None)
+    assert decision.pod == 1 and not decision.used_predictions and "fallback" in decision.reason
+
+
+def test_default_policy_is_the_documented_shape() -> None:
+    policy = default_policy(seed=3)
+    assert isinstance(policy, PrefixAffinity) and policy.threshold == AFFINITY_THRESHOLD == 0.8
+    assert policy.epsilon == 0.05 and policy.ttft_margin_ms == 50.0 and policy.ttft_margin_frac == 0.25
+    assert isinstance(policy.base, PlacementCost) and policy.base.harm_weight == HARM_WEIGHT
+    assert default_policy(harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
+    shedding = default_policy(admission=True)
+    assert isinstance(shedding, Admission) and isinstance(shedding.inner, PrefixAffinity)
+    # Reproducible from the seed: the same draws give the same decisions.
+    rows = [row(running=2, prefix=0.9), row(running=2, prefix=0.9), row(running=2)]
+    own = [Prediction(100.0, 20.0)] * 3
+    first = [default_policy(seed=5).choose(BATCH, rows, own, own).pod for _ in range(1)]
+    assert first == [default_policy(seed=5).choose(BATCH, rows, own, own).pod]
+
+
+def test_the_readme_documents_default_policy_as_it_is() -> None:
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
+    assert f"affinity (score >= {AFFINITY_THRESHOLD:.2f})" in readme
+    assert f"with harm weight {HARM_WEIGHT:g}, i.e. off" in readme and HARM_WEIGHT == 0
+    assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # off: no extra rows are sent
+    assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
+    policy = default_policy()
+    assert isinstance(policy, PrefixAffinity) and policy.epsilon == 0.05 and "5% exploration" in readme
+    assert policy.ttft_margin_ms == 50.0 and "within max(50 ms, 25%) of the best pod" in readme
+    shedding = default_policy(admission=True)
+    assert isinstance(shedding, Admission) and shedding.slack_frac == ADMISSION_SLACK

@@ -1,0 +1,421 @@
+"""Live scoring: every arriving sample against the version that served it, off the event loop.
+
+The event loop hands each validated batch to ``submit`` (a deque append). One thread, niced
+like the trainer, then per batch:
+
+1. builds the features (``shared.features``) and each row's regime (``shared.regimes``);
+2. finds the *served* prediction: the scheduler's ``predicted_ttft_ms`` / ``predicted_tpot_ms``
+   when it sent them (non-zero), else the prediction of the version that was current when the
+   request was routed (its timestamp minus its TTFT), computed with XGBoost ``inplace_predict``
+   on one thread and ``shared.artifacts.served_latency_ms``;
+3. updates live coverage and pinball per model and regime and looks for drift
+   (``training_server.drift``); a drift event is logged, counted and asks for a retrain now.
+   Live figures describe the current trees: they restart when a retrain publishes new ones, and
+   no drift is looked for while the prior serves;
+4. feeds the residuals against the current trees to the per-regime calibrator
+   (``training_server.online_calibration``) and, at most once per
+   ``calibration_publish_interval_s`` and only when an offset moved by ``calibration_min_shift``,
+   publishes a calibration version: the same model files with new ``regime_offsets``.
+
+Under overload it skips whole batches (counted) instead of queueing beyond
+``live_max_pending_samples``, so ingestion never waits for scoring.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+
+from shared.artifacts import (
+    MODEL_NAMES,
+    Manifest,
+    ModelSpec,
+    ModelStore,
+    served_latency_ms,
+    to_margin_target,
+)
+from shared.errors import ArtifactError
+from shared.features import build_features
+from shared.logging import log_event
+from shared.regimes import DEFAULT_SCHEME
+from shared.schemas import Columns
+from training_server.config import TrainingSettings
+from training_server.drift import DriftDetector, DriftEvent
+from training_server.evaluation import pinball_loss
+from training_server.metrics import TrainingMetrics
+from training_server.online_calibration import RegimeCalibrator
+from training_server.scheduler import lower_priority
+
+log = logging.getLogger(__name__)
+
+TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
+SENT = {"ttft": "predicted_ttft_ms", "tpot": "predicted_tpot_ms"}
+HISTORY = 8  # versions remembered for "the version that served this request"
+# Scoring takes only idle CPU: under full ingestion load it yields the core and skips batches.
+SCORING_NICE = 19
+
+
+@dataclass(frozen=True)
+class _Served:
+    manifest: Manifest
+    since_s: float  # epoch seconds it became current here
+
+
+class LiveScorer:
+    """Owns the scoring thread, live figures, online calibration and drift detection."""
+
+    def __init__(
+        self,
+        store: ModelStore,
+        settings: TrainingSettings,
+        metrics: TrainingMetrics,
+        on_drift: Callable[[DriftEvent], None],
+        on_calibrated: Callable[[Manifest], None],
+    ) -> None:
+        s = settings
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self.scheme = DEFAULT_SCHEME
+        self._on_drift = on_drift
+        self._on_calibrated = on_calibrated
+        self.calibrator = RegimeCalibrator(
+            MODEL_NAMES, self.scheme, s.quantile, s.calibration_window, s.calibration_min_samples
+        )
+        self.drift = DriftDetector(
+            MODEL_NAMES,
+            self.scheme.size,
+            s.quantile,
+            s.live_half_life_samples,
+            s.drift_coverage_drop,
+            s.drift_loss_rise,
+            s.drift_min_samples,
+            s.drift_cooldown_s,
+        )
+        self._queue: deque[tuple[Columns, np.ndarray]] = deque()
+        self._cond = threading.Condition()
+        self._pending = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._history: list[_Served] = []
+        self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
+        self._calibrated_models = () if s.calibrate_online == "off" else tuple(s.calibrate_online.split("+"))
+        self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
+        self._last_publish_mono = -float("inf")
+        self.scored = 0
+        self.skipped = 0
+        self.calibration_versions = 0
+
+    # ---- event-loop side ---------------------------------------------------------------------
+    def submit(self, columns: Columns, timestamps: np.ndarray) -> bool:
+        """Queue a validated batch for scoring; ``False`` (skipped, counted) when behind."""
+        n = len(timestamps)
+        with self._cond:
+            if self._closed or self._pending + n > self.settings.live_max_pending_samples:
+                self.skipped += n
+                self.metrics.live_skipped.inc(n)
+                return False
+            self._queue.append((columns, timestamps))
+            self._pending += n
+            self._cond.notify()
+        return True
+
+    def set_current(self, manifest: Manifest) -> None:
+        """The version now current (any thread)."""
+        with self._cond:
+            if self._history and self._history[-1].manifest.version == manifest.version:
+                return
+            self._history = [*self._history[-(HISTORY - 1) :], _Served(manifest, time.time())]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="live-scoring", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._queue.clear()
+            self._pending = 0
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued batch was scored (tests and shutdown); ``True`` if so."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._pending and time.monotonic() < deadline:
+                self._cond.wait(0.01)
+            return self._pending == 0
+
+    # ---- scoring thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        lower_priority(SCORING_NICE)
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait(0.5)
+                if self._closed:
+                    return
+                columns, timestamps = self._queue.popleft()
+            try:
+                self.process(columns, timestamps)
+                self.maybe_publish()
+            except Exception as exc:  # scoring must never take ingestion down; the next batch retries
+                log_event(log, "live_scoring_failed", logging.ERROR, error=repr(exc), exc_info=True)
+            finally:
+                with self._cond:
+                    self._pending -= len(timestamps)
+                    self._cond.notify_all()
+
+    def process(self, columns: Columns, timestamps: np.ndarray) -> None:
+        """Score one batch, update live figures, drift state and the calibrator (blocking)."""
+        with self._cond:
+            history = list(self._history)
+        if not history or len(timestamps) == 0:
+            return
+        features = build_features(columns)
+        regimes = self.scheme.ids(features)
+        current = history[-1].manifest
+        now_s = time.time()
+        for name in MODEL_NAMES:
+            actual = np.asarray(columns[TARGETS[name]], dtype=np.float64)
+            rows = np.flatnonzero(actual > 0)
+            if len(rows) == 0:
+                continue
+            feats, act = features[rows], actual[rows]
+            routed_s = timestamps[rows] - np.asarray(columns["actual_ttft_ms"])[rows] / 1000.0
+            margins: dict[str, np.ndarray | None] = {}  # by trees (SHA-256): each computed once
+            served = self._served(name, feats, routed_s, history, margins)
+            sent = np.asarray(columns[SENT[name]], dtype=np.float64)[rows]
+            served = np.where(sent > 0, sent, served)
+            known = np.isfinite(served)
+            covered = (act <= served).astype(np.float64)
+            keep = np.flatnonzero(known)
+            if self._scored_trees.get(name) != current.models[name].sha256:
+                self._scored_trees[name] = current.models[name].sha256
+                self.drift.reset(name)
+            loss = np.zeros(len(act))
+            loss[keep] = pinball_loss(act[keep], served[keep], self.settings.quantile)
+            detect = current.kind != "prior"
+            events = self.drift.observe(name, regimes[rows][keep], covered[keep], loss[keep], now_s, detect)
+            self.scored += len(keep)
+            self.metrics.live_scored.labels(name).inc(len(keep))
+            for event in events:
+                self._drifted(event)
+            self._calibrate(name, current, feats, act, margins)
+        self._export()
+
+    def _served(
+        self,
+        name: str,
+        feats: np.ndarray,
+        routed_s: np.ndarray,
+        history: list[_Served],
+        margins: dict[str, np.ndarray | None],
+    ) -> np.ndarray:
+        """Each row's prediction by the version current when it was routed (NaN if unavailable)."""
+        since = np.array([h.since_s for h in history])
+        which = np.maximum(np.searchsorted(since, routed_s, side="right") - 1, 0)
+        out = np.full(len(feats), np.nan)
+        for i in np.unique(which).tolist():
+            rows = np.flatnonzero(which == i)
+            spec = history[i].manifest.models.get(name)
+            margin = self._margin(history[i].manifest, name, feats, margins)
+            if spec is not None and margin is not None:
+                out[rows] = served_latency_ms(margin[rows], feats[rows], spec)
+        return out
+
+    def _margin(
+        self, manifest: Manifest, name: str, feats: np.ndarray, margins: dict[str, np.ndarray | None]
+    ) -> np.ndarray | None:
+        """The trees' margin for every row of ``feats`` (memoised per batch by the trees' SHA-256)."""
+        sha = manifest.models[name].sha256 if name in manifest.models else ""
+        if sha not in margins:
+            booster = self._booster(manifest, name)
+            margins[sha] = None if booster is None else _predict_margin(booster, feats)
+        return margins[sha]
+
+    def _booster(self, manifest: Manifest, name: str) -> xgb.Booster | None:
+        spec = manifest.models.get(name)
+        if spec is None:
+            return None
+        booster = self._boosters.get(spec.sha256)
+        if booster is None:
+            try:
+                data = self.store.read_file(manifest.version, spec.file)
+            except ArtifactError:
+                return None  # pruned: those rows go unscored
+            booster = xgb.Booster(params={"nthread": 1})
+            booster.load_model(bytearray(data))
+            live = {m.manifest.models[n].sha256 for m in self._history for n in m.manifest.models}
+            self._boosters = {k: v for k, v in self._boosters.items() if k in live}
+            self._boosters[spec.sha256] = booster
+        return booster
+
+    def _calibrate(
+        self,
+        name: str,
+        current: Manifest,
+        feats: np.ndarray,
+        act: np.ndarray,
+        margins: dict[str, np.ndarray | None],
+    ) -> None:
+        if current.kind == "prior" or name not in self._calibrated_models:
+            return  # the prior is replaced by the first retrain, not calibrated
+        spec = current.models[name]
+        booster = self._booster(current, name)
+        margin = self._margin(current, name, feats, margins)
+        if booster is None or margin is None:
+            return
+        base = replace(spec, regime_offsets=None)
+        if self.calibrator.trees.get(name) != spec.sha256:
+            self.calibrator.rebase(
+                name,
+                spec.sha256,
+                lambda f: _base_margin(_predict_margin(booster, f), f, base),
+                _trained_at_s(current),
+            )
+        target = to_margin_target(act, spec.target_transform)
+        self.calibrator.observe(name, feats, target, _base_margin(margin, feats, base), time.time())
+
+    def _drifted(self, event: DriftEvent) -> None:
+        regime = self.scheme.label(event.regime)
+        self.metrics.drift_events.labels(event.model, regime).inc()
+        log_event(
+            log,
+            "drift_detected",
+            logging.WARNING,
+            model=event.model,
+            regime=regime,
+            reason=event.reason,
+            coverage=round(event.coverage, 4),
+            pinball_loss_ms=round(event.pinball_loss_ms, 3),
+            long_pinball_loss_ms=round(event.long_pinball_loss_ms, 3),
+            samples=event.samples,
+        )
+        self._on_drift(event)
+
+    def maybe_publish(self) -> Manifest | None:
+        """Publish a calibration version if the interval passed and an offset moved enough."""
+        s = self.settings
+        with self._cond:
+            current = self._history[-1].manifest if self._history else None
+        if current is None or current.kind == "prior":
+            return None
+        if time.monotonic() - self._last_publish_mono < s.calibration_publish_interval_s:
+            return None
+        new, moved = self.calibrator.proposal(current)
+        if not new or moved < max(s.calibration_min_shift, 1e-9):
+            return None
+        self._last_publish_mono = time.monotonic()
+        base_info = current.metrics.get("online_calibration", {})
+        info = {
+            "online_calibration": {
+                "based_on": current.version,
+                # When the trees were trained (model age), not when their offsets last moved.
+                "trained_created_at": base_info.get("trained_created_at", current.created_at),
+                "max_shift": round(moved, 6),
+                "samples": {name: self.calibrator.samples(name).tolist() for name in new},
+            }
+        }
+        manifest = self.store.publish_calibrated(current.version, new, info)
+        if manifest is None:
+            return None  # a retrain published meanwhile; the next batch calibrates against it
+        self.calibration_versions += 1
+        self.metrics.calibration_publishes.inc()
+        self.set_current(manifest)
+        log_event(
+            log,
+            "calibration_published",
+            version=manifest.version,
+            based_on=current.version,
+            max_shift=round(moved, 4),
+        )
+        self._on_calibrated(manifest)
+        return manifest
+
+    def _export(self) -> None:
+        with self._cond:
+            current = self._history[-1].manifest if self._history else None
+        labels = self.scheme.labels()
+        for name in MODEL_NAMES:
+            coverage, pinball = self.drift.live[name].coverage(), self.drift.live[name].pinball()
+            spec = current.models.get(name) if current is not None else None
+            offsets = spec.regime_offsets.offsets if spec and spec.regime_offsets else (0.0,) * len(labels)
+            self.metrics.set_live(name, labels, coverage, pinball, offsets)
+
+    def status(self) -> dict[str, Any]:
+        labels = self.scheme.labels()
+        with self._cond:
+            current = self._history[-1].manifest if self._history else None
+        models: dict[str, Any] = {}
+        for name in MODEL_NAMES:
+            live = self.drift.live[name]
+            coverage, pinball = live.coverage(), live.pinball()
+            spec = current.models.get(name) if current is not None else None
+            offsets = spec.regime_offsets.offsets if spec and spec.regime_offsets else (0.0,) * len(labels)
+            models[name] = {
+                label: {
+                    "coverage": _finite(coverage[r]),
+                    "pinball_loss_ms": _finite(pinball[r]),
+                    "recent_samples": round(float(live.weight[r]), 1),
+                    "offset": offsets[r],
+                }
+                for r, label in enumerate(labels)
+                if live.weight[r] > 0 or offsets[r] != 0.0
+            }
+        last = self.drift.last_event
+        return {
+            "scored_samples": self.scored,
+            "skipped_samples": self.skipped,
+            "pending_samples": self._pending,
+            "calibration_versions": self.calibration_versions,
+            "regime_scheme": {"waiting_edges": self.scheme.waiting_edges, "kv_edges": self.scheme.kv_edges},
+            "regimes": models,
+            "drift_events": self.drift.events,
+            "last_drift": None
+            if last is None
+            else {
+                "model": last.model,
+                "regime": self.scheme.label(last.regime),
+                "reason": last.reason,
+                "seconds_ago": round(time.time() - last.at_s, 3),
+            },
+        }
+
+    def seconds_since_drift(self) -> float | None:
+        last = self.drift.last_event
+        return None if last is None else time.time() - last.at_s
+
+
+def _base_margin(tree_margin: np.ndarray, feats: np.ndarray, base: ModelSpec) -> np.ndarray:
+    """The served margin without regime offsets (trees, calibration offset and whatever else
+    ``served_latency_ms`` adds), which the regime offsets correct."""
+    return to_margin_target(served_latency_ms(tree_margin, feats, base), base.target_transform)
+
+
+def _trained_at_s(manifest: Manifest) -> float:
+    """When ``manifest``'s trees were published (a calibration version records its trained base's)."""
+    stamp = manifest.metrics.get("online_calibration", {}).get("trained_created_at", manifest.created_at)
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except (TypeError, ValueError):
+        return time.time()
+
+
+def _predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:
+    return np.asarray(booster.inplace_predict(feats, predict_type="margin"), dtype=np.float64)
+
+
+def _finite(value: float) -> float | None:
+    return round(float(value), 6) if np.isfinite(value) else None
