@@ -56,10 +56,14 @@ def baseline_ms(features: np.ndarray, baseline: dict[str, Any]) -> np.ndarray:
     """The baseline latency (ms, float64, >= 0) of each row of a ``build_features`` matrix.
 
     On the prediction hot path: the description is turned into arrays once per baseline object.
+    Summed term by term, element-wise, in a fixed order (not a BLAS dot product, whose rounding
+    depends on the matrix's shape): a row gets the same bits alone or in any batch, so a caller's
+    prediction does not depend on whom the coalescer batched it with.
     """
     _, columns, coefficients, intercept = _compiled(baseline)
-    values = np.dot(features[:, columns], coefficients)
-    values += intercept
+    values = np.full(len(features), intercept, dtype=np.float64)
+    for column, coefficient in zip(columns.tolist(), coefficients.tolist(), strict=True):
+        values += features[:, column].astype(np.float64) * coefficient
     return np.maximum(values, 0.0, out=values)
 
 

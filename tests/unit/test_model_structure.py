@@ -113,6 +113,25 @@ def test_the_manifest_records_the_baseline_and_serving_matches_the_trainers_arit
     np.testing.assert_allclose(served, expected, rtol=1e-5)
 
 
+def test_a_row_gets_the_same_bits_alone_or_in_any_batch(structured: ModelStore) -> None:
+    """The coalescer batches callers together: a caller's answer must not depend on its company
+    (a BLAS dot product in the baseline rounded differently by batch shape)."""
+    predictor = Predictor.from_model_set(structured.load())
+    columns = synthetic.pod_states(997, np.random.default_rng(11))
+    rng = np.random.default_rng(12)
+    columns["prefill_tokens_in_flight"] = rng.integers(0, 9000, 997).astype(np.float64)
+    columns["decode_tokens_in_flight"] = rng.integers(0, 500, 997).astype(np.float64)
+    features = build_features(columns)
+    ttft_all, tpot_all = predictor.predict(features)
+    for i in range(0, 997, 7):
+        ttft_one, tpot_one = predictor.predict(features[i : i + 1])
+        ttft_two, tpot_two = predictor.predict(features[i : i + 2])
+        assert ttft_one[0] == ttft_two[0] == ttft_all[i] and tpot_one[0] == tpot_two[0] == tpot_all[i], i
+    for lo, hi in ((3, 10), (100, 228)):
+        ttft_part, _ = predictor.predict(features[lo:hi])
+        assert np.array_equal(ttft_part, ttft_all[lo:hi])
+
+
 def test_manifests_without_a_baseline_still_load_and_a_bad_baseline_is_refused(
     structured: ModelStore,
 ) -> None:
