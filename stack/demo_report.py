@@ -47,6 +47,8 @@ def build_summary(run: DemoRun) -> dict[str, Any]:
     return {
         "requests": run.requests,
         "completions": len(run.outcomes),
+        # Completions whose prediction was scored: all but those drained after the arrivals stopped.
+        "scored_completions": len(predicted),
         "rows_predicted": run.rows,
         "prediction_errors": run.prediction_errors,
         "last_prediction_error": run.last_error,

@@ -34,8 +34,9 @@ PERSIST_S = 0.5
 TRAINING_FLAGS = [
     "--n-estimators", "20", "--min-train-samples", "200", "--trainer-nice", "0",
     "--persist-interval-s", str(PERSIST_S),
-    # Retrains only when asked: the version serving at the kill is known exactly.
-    "--min-new-samples", "1000000", "--retrain-interval-s", "3600",
+    # Retrains only when asked: the version serving at the kill is known exactly (no drift
+    # retrains or calibration versions from live scoring either).
+    "--min-new-samples", "1000000", "--retrain-interval-s", "3600", "--no-live-scoring",
 ]  # fmt: skip
 ROWS = synthetic.to_entries(synthetic.pod_states(8, np.random.default_rng(0)))
 
