@@ -16,9 +16,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -109,3 +110,17 @@ def start_service(
     raise TimeoutError(
         f"{module} not ready on {service.url}{ready_path} after {timeout_s}s:\n{service.logs()[-4000:]}"
     )
+
+
+def get_json(url: str, timeout_s: float = 10.0) -> Any:
+    """``GET url`` and its JSON body."""
+    return httpx.get(url, timeout=timeout_s).json()
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value

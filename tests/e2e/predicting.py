@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Any
@@ -47,3 +48,16 @@ class Predicting:
         self._stop.set()
         for thread in self._threads:
             thread.join(10)
+
+
+def random_row(rng: random.Random) -> dict[str, Any]:
+    """A valid prediction row with varied features (every pod type)."""
+    return {
+        "kv_cache_percentage": round(rng.random(), 3),
+        "input_token_length": rng.randint(1, 8000),
+        "num_request_waiting": rng.randint(0, 20),
+        "num_request_running": rng.randint(0, 64),
+        "num_tokens_generated": 1,
+        "prefix_cache_score": round(rng.random(), 3),
+        "pod_type": rng.choice(["", "prefill", "decode"]),
+    }

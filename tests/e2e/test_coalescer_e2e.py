@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from coalescer.http1 import Http1Pool
+from tests.e2e.predicting import random_row
 from tests.procs import RunningService, start_service
 
 pytestmark = pytest.mark.e2e
@@ -87,18 +88,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         service.stop()
 
 
-def row(rng: random.Random) -> dict[str, Any]:
-    return {
-        "kv_cache_percentage": round(rng.random(), 3),
-        "input_token_length": rng.randint(1, 8000),
-        "num_request_waiting": rng.randint(0, 20),
-        "num_request_running": rng.randint(0, 64),
-        "num_tokens_generated": 1,
-        "prefix_cache_score": round(rng.random(), 3),
-        "pod_type": rng.choice(["", "prefill", "decode"]),
-    }
-
-
 def upstream_calls(replicas: Sequence[RunningService]) -> int:
     total = 0.0
     for replica in replicas:
@@ -121,8 +110,10 @@ async def test_concurrent_callers_are_batched_and_get_their_own_answers(fleet: F
     coalescer = fleet.coalescer("--deadline-ms", "5000")
     try:
         rng = random.Random(1)
-        callers = [[row(rng) for _ in range(rng.randint(1, 20))] for _ in range(400)]
-        bad = [{"requests": [row(rng), {**row(rng), "kv_cache_percentage": 3}]} for _ in range(20)]
+        callers = [[random_row(rng) for _ in range(rng.randint(1, 20))] for _ in range(400)]
+        bad = [
+            {"requests": [random_row(rng), {**random_row(rng), "kv_cache_percentage": 3}]} for _ in range(20)
+        ]
         before = upstream_calls(fleet.replicas)
         limits = httpx.Limits(max_connections=64)
         async with httpx.AsyncClient(base_url=coalescer.url, timeout=10.0, limits=limits) as client:
@@ -172,7 +163,7 @@ async def test_an_idle_call_does_not_wait_for_a_long_window(fleet: Fleet) -> Non
         async with httpx.AsyncClient(base_url=coalescer.url, timeout=10.0) as client:
             for _ in range(30):
                 started = time.perf_counter()
-                response = await client.post(STRICT, json={"requests": [row(rng) for _ in range(8)]})
+                response = await client.post(STRICT, json={"requests": [random_row(rng) for _ in range(8)]})
                 elapsed.append(time.perf_counter() - started)
                 assert response.status_code == 200
         # Had the window applied, every call would take at least 200 ms.
@@ -193,7 +184,9 @@ async def test_a_replica_killed_under_load_costs_callers_nothing_but_expired_dea
 
             async def caller() -> None:
                 while time.monotonic() < stop_at:
-                    response = await client.post(STRICT, json={"requests": [row(rng) for _ in range(10)]})
+                    response = await client.post(
+                        STRICT, json={"requests": [random_row(rng) for _ in range(10)]}
+                    )
                     statuses.append(response.status_code)
 
             async def killer() -> None:
@@ -221,7 +214,7 @@ async def test_overload_is_shed_fast_with_bounded_memory(fleet: Fleet) -> None:
     )
     try:
         rng = random.Random(4)
-        body = orjson.dumps({"requests": [row(rng) for _ in range(100)]})
+        body = orjson.dumps({"requests": [random_row(rng) for _ in range(100)]})
         results: list[tuple[int, float]] = []
         rss: list[float] = []
         pool = Http1Pool(coalescer.url, max_idle=64)  # a lean client, so the load really arrives
@@ -262,7 +255,7 @@ async def test_samples_wait_out_a_training_server_restart_and_are_never_acknowle
 
     def entries(n: int) -> list[dict[str, Any]]:
         return [
-            {**row(rng), "actual_ttft_ms": rng.uniform(10, 900), "actual_tpot_ms": rng.uniform(5, 60)}
+            {**random_row(rng), "actual_ttft_ms": rng.uniform(10, 900), "actual_tpot_ms": rng.uniform(5, 60)}
             for _ in range(n)
         ]
 
@@ -320,7 +313,7 @@ async def test_dns_discovery_finds_every_address_of_the_name(fleet: Fleet) -> No
         rng = random.Random(6)
         async with httpx.AsyncClient(base_url=coalescer.url, timeout=10.0) as client:
             for _ in range(10):
-                assert (await client.post(STRICT, json={"requests": [row(rng)]})).status_code == 200
+                assert (await client.post(STRICT, json={"requests": [random_row(rng)]})).status_code == 200
             replicas = (await client.get("/status")).json()["coalescer"]["replicas"]
         urls = {r["url"] for r in replicas}
         assert f"http://127.0.0.1:{port}" in urls

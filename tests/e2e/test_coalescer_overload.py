@@ -22,6 +22,7 @@ import pytest
 
 from coalescer.http1 import Http1Pool
 from coalescer.loop_lag import LoopLagMonitor
+from tests.e2e.predicting import random_row
 from tests.procs import RunningService, start_service
 
 CALLERS = 512
@@ -42,17 +43,6 @@ def replica(tmp_path: Path) -> Iterator[RunningService]:
         service.stop()
 
 
-def row(rng: random.Random) -> dict[str, object]:
-    return {
-        "kv_cache_percentage": round(rng.random(), 3),
-        "input_token_length": rng.randint(1, 8000),
-        "num_request_waiting": rng.randint(0, 20),
-        "num_request_running": rng.randint(0, 64),
-        "num_tokens_generated": 1,
-        "prefix_cache_score": round(rng.random(), 3),
-    }
-
-
 async def overload(url: str, seconds: float) -> list[tuple[int, float, float]]:
     """(status, seconds, how late this client's own loop was) of every call of ``CALLERS`` callers.
 
@@ -61,7 +51,7 @@ async def overload(url: str, seconds: float) -> list[tuple[int, float, float]]:
     rng = random.Random(7)
     lag = LoopLagMonitor()
     monitor = asyncio.create_task(lag.run())
-    body = orjson.dumps({"requests": [row(rng) for _ in range(ROWS_PER_CALL)]})
+    body = orjson.dumps({"requests": [random_row(rng) for _ in range(ROWS_PER_CALL)]})
     pool = Http1Pool(url, max_idle=CALLERS)  # a lean client, so the load really arrives
     results: list[tuple[int, float, float]] = []
     stop_at = time.monotonic() + seconds

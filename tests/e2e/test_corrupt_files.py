@@ -13,35 +13,20 @@ from __future__ import annotations
 
 import shutil
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import orjson
 import pytest
 
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, get_json, start_service, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
 
 FLAGS = ["--n-estimators", "20", "--min-train-samples", "200", "--trainer-nice", "0",
          "--min-new-samples", "1000000", "--retrain-interval-s", "3600"]  # fmt: skip
-
-
-def _get(url: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(url, timeout=10).json()
-    return body
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _training(data_dir: Path, logs: Path) -> RunningService:
@@ -65,7 +50,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]
             entries = synthetic.to_entries(synthetic.samples(2000, np.random.default_rng(seed)))
             body = orjson.dumps({"entries": entries})
             assert httpx.post(server.url + "/add_training_data_bulk", content=body).status_code == 202
-            _wait(lambda s=seed: _get(server.url + "/status")["window"]["samples"] == 2000 * s, "the window")
+            wait_until(
+                lambda s=seed: get_json(server.url + "/status")["window"]["samples"] == 2000 * s, "the window"
+            )
             trained = httpx.post(server.url + "/retrain", params={"wait": "true"}, timeout=120).json()
             assert trained["outcome"] == "published", trained
             versions.append(trained["version"])
@@ -81,9 +68,9 @@ def _copy(template: tuple[Path, list[str]], tmp_path: Path) -> tuple[Path, Path,
 
 
 def _assert_training_serves(server: RunningService, version: str, kind: str) -> None:
-    status = _get(server.url + "/status")
+    status = get_json(server.url + "/status")
     assert status["current_version"] == version and status["is_prior"] is False, status
-    listing = _get(server.url + "/models")
+    listing = get_json(server.url + "/models")
     assert listing["current"] == version
     assert not any("prior" in v for v in listing["versions"] if v > version), "a prior published over them"
     assert f'training_quarantined_files_total{{kind="{kind}"}} 1.0' in httpx.get(server.url + "/metrics").text
@@ -94,7 +81,7 @@ def test_current_that_is_not_utf8(template: tuple[Path, list[str]], tmp_path: Pa
     (store / "CURRENT").write_bytes(b"\xff\xfe\x00\x9c garbage")
     replica = _replica(store, tmp_path / "logs")
     try:
-        status = _get(replica.url + "/status")
+        status = get_json(replica.url + "/status")
         assert status["model_version"] == newest, status  # the newest good version, not the prior
         assert status["store_current_readable"] is False
         training = _training(data_dir, tmp_path / "logs")
@@ -104,8 +91,9 @@ def test_current_that_is_not_utf8(template: tuple[Path, list[str]], tmp_path: Pa
             assert list((store / "quarantine").glob("CURRENT.*"))
         finally:
             training.stop()
-        _wait(
-            lambda: _get(replica.url + "/status")["store_current_readable"] is True, "CURRENT readable again"
+        wait_until(
+            lambda: get_json(replica.url + "/status")["store_current_readable"] is True,
+            "CURRENT readable again",
         )
     finally:
         replica.stop()
@@ -123,19 +111,19 @@ def test_a_truncated_current_version(
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     replica = _replica(store, tmp_path / "logs")
     try:
-        status = _get(replica.url + "/status")
+        status = get_json(replica.url + "/status")
         assert status["model_version"] == older, status  # falls back to the last good one, not the prior
         assert newest in status["refused_versions"]
         training = _training(data_dir, tmp_path / "logs")
         try:
             _assert_training_serves(training, older, "version")
             assert list((store / "quarantine").glob(f"{newest}.*"))
-            assert _get(training.url + "/status")["window"]["samples"] == 4000
+            assert get_json(training.url + "/status")["window"]["samples"] == 4000
             # The next version never reuses the quarantined name (replicas remember it as refused).
             trained = httpx.post(training.url + "/retrain", params={"wait": "true"}, timeout=120).json()
             assert trained["outcome"] == "published" and trained["version"] > newest, trained
-            _wait(
-                lambda: _get(replica.url + "/status")["model_version"] == trained["version"],
+            wait_until(
+                lambda: get_json(replica.url + "/status")["model_version"] == trained["version"],
                 "the new version",
             )
         finally:
@@ -150,7 +138,7 @@ def test_a_truncated_window_snapshot(template: tuple[Path, list[str]], tmp_path:
     window.write_bytes(window.read_bytes()[:1000])  # zipfile.BadZipFile before the fix
     training = _training(data_dir, tmp_path / "logs")
     try:
-        status = _get(training.url + "/status")
+        status = get_json(training.url + "/status")
         assert status["current_version"] == newest and status["is_prior"] is False
         assert (
             'training_quarantined_files_total{kind="window"} 1.0' in httpx.get(training.url + "/metrics").text
@@ -159,6 +147,6 @@ def test_a_truncated_window_snapshot(template: tuple[Path, list[str]], tmp_path:
         entries = synthetic.to_entries(synthetic.samples(500, np.random.default_rng(7)))
         body = orjson.dumps({"entries": entries})
         assert httpx.post(training.url + "/add_training_data_bulk", content=body).status_code == 202
-        _wait(lambda: _get(training.url + "/status")["window"]["samples"] == 500, "ingestion")
+        wait_until(lambda: get_json(training.url + "/status")["window"]["samples"] == 500, "ingestion")
     finally:
         training.stop()

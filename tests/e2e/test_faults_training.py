@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
@@ -25,7 +23,7 @@ import orjson
 import pytest
 
 from tests.e2e.predicting import Predicting
-from tests.procs import RunningService, free_port, start_service
+from tests.procs import RunningService, free_port, get_json, start_service, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
@@ -81,18 +79,6 @@ class Feeding:
         self._thread.join(10)
 
 
-def _get(url: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(url, timeout=5).json()
-    return body
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _retrain(url: str) -> str:
     outcome = httpx.post(url + "/retrain", params={"wait": "true"}, timeout=60).json()
     assert outcome["outcome"] == "published", outcome
@@ -118,20 +104,25 @@ def test_sigkill_mid_ingest_then_restart_resumes_the_window_while_replicas_keep_
         entries = synthetic.to_entries(synthetic.samples(4000, np.random.default_rng(1)))
         body = orjson.dumps({"entries": entries})
         assert httpx.post(training.url + "/add_training_data_bulk", content=body).status_code == 202
-        _wait(lambda: _get(training.url + "/status")["window"]["samples"] == 4000, "the first samples")
+        wait_until(
+            lambda: get_json(training.url + "/status")["window"]["samples"] == 4000, "the first samples"
+        )
         first = _retrain(training.url)
         http_store = ["--store", training.url, "--cache-dir", str(tmp_path / "cache")]
         for store in (["--store", str(data_dir / "models")], http_store):  # a shared volume; over HTTP
             args = [*store, "--poll-interval-s", "0.1"]
             services.append(start_service("prediction_server", args, log_dir=logs, ready_path="/readyz"))
         urls = [r.url for r in services[1:]]
-        _wait(lambda: all(_get(url + "/status")["model_version"] == first for url in urls), f"{first} served")
+        wait_until(
+            lambda: all(get_json(url + "/status")["model_version"] == first for url in urls),
+            f"{first} served",
+        )
         with Predicting(urls, ROWS) as predicting, Feeding(training.url) as feeding:
             window_file = data_dir / "window.npz"
-            _wait(
+            wait_until(
                 lambda: feeding.accepted >= 5000 and _saved_samples(window_file) >= 7000, "saves under ingest"
             )
-            before = _get(training.url + "/status")["window"]["samples"]
+            before = get_json(training.url + "/status")["window"]["samples"]
             training.kill()  # SIGKILL while the feeder keeps posting: no shutdown hook, no final save
             saved = _saved_samples(window_file)
             calls_at_kill = {url: len(v) for url, v in predicting.versions.items()}
@@ -139,22 +130,27 @@ def test_sigkill_mid_ingest_then_restart_resumes_the_window_while_replicas_keep_
             outage = {url: v[calls_at_kill[url] :] for url, v in predicting.versions.items()}
             training = start_service("training_server", flags, log_dir=logs, port=port)
             services.append(training)
-            restored = _get(training.url + "/status")
+            restored = get_json(training.url + "/status")
             # The periodic save bounds what a crash loses: at most about one persist interval of
             # ingest (the feeder sends about 5,000 samples/s at most; the bound is generous).
             assert restored["window"]["samples"] >= saved >= before - 10_000, (before, saved, restored)
             assert restored["current_version"] == first and restored["is_prior"] is False
             # Ingestion resumes on the same port; the next retrain reaches both replicas.
-            _wait(lambda: _get(training.url + "/status")["window"]["samples"] > restored["window"]["samples"],
-                  "ingestion after the restart")  # fmt: skip
+            resumed = restored["window"]["samples"]
+            wait_until(
+                lambda: get_json(training.url + "/status")["window"]["samples"] > resumed,
+                "ingestion after the restart",
+            )
             second = _retrain(training.url)
-            _wait(lambda: all(predicting.versions[url][-1] == second for url in urls), f"{second} served")
+            wait_until(
+                lambda: all(predicting.versions[url][-1] == second for url in urls), f"{second} served"
+            )
         assert predicting.errors == [], predicting.errors[:5]
         assert feeding.other == [], feeding.other[:5]
         assert feeding.failed_calls > 0, "the feeder really was mid-ingest when the server died"
         for url, versions in outage.items():
             assert len(versions) >= 20 and set(versions) == {first}, (url, len(versions), set(versions))
-        status = _get(urls[1] + "/status")
+        status = get_json(urls[1] + "/status")
         assert status["store_reachable"] is True and status["model_version"] == second
     finally:
         for service in services:

@@ -12,7 +12,6 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, start_service, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
@@ -45,13 +44,6 @@ def _body(first_id: int, n: int) -> bytes:
 def _status(service: RunningService) -> dict[str, Any]:
     status: dict[str, Any] = httpx.get(service.url + "/status", timeout=10).json()
     return status
-
-
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _window_ids(service: RunningService, data_dir: Path) -> np.ndarray:
@@ -136,7 +128,7 @@ def test_sigkill_at_a_random_moment_during_ingestion_loses_and_duplicates_nothin
     rng = random.Random()
     server = _start(data_dir, logs, "--journal-fsync", fsync)
     with _Feeder(server.url) as feeder:
-        _wait(lambda: feeder.acked_count() >= 5000, "the first acknowledged batches")
+        wait_until(lambda: feeder.acked_count() >= 5000, "the first acknowledged batches")
         time.sleep(rng.uniform(0.0, 1.0))  # a random moment mid-ingestion
         server.kill()
     acked = {i for r in feeder.acked for i in r}
@@ -194,7 +186,7 @@ def test_a_resent_idempotency_key_is_not_inserted_twice_even_across_sigkill(tmp_
         first.url + url, content=_body(5001, 500), headers={"Idempotency-Key": "relay-batch-2"}
     )
     assert other.status_code == 202
-    _wait(lambda: _status(first)["window"]["samples"] == 1500, "both batches once")
+    wait_until(lambda: _status(first)["window"]["samples"] == 1500, "both batches once")
     assert "training_ingest_duplicate_batches_total 2.0" in httpx.get(first.url + "/metrics").text
     first.kill()
 
@@ -216,7 +208,7 @@ def test_a_flush_is_not_undone_by_a_replay(tmp_path: Path) -> None:
     data_dir, logs = tmp_path / "data", tmp_path / "logs"
     first = _start(data_dir, logs)
     assert httpx.post(first.url + "/add_training_data_bulk", content=_body(1, 1000)).status_code == 202
-    _wait(lambda: _status(first)["window"]["samples"] == 1000, "the batch in the window")
+    wait_until(lambda: _status(first)["window"]["samples"] == 1000, "the batch in the window")
     assert httpx.post(first.url + "/flush").json()["flushed_samples"] == 1000
     assert httpx.post(first.url + "/add_training_data_bulk", content=_body(2001, 300)).status_code == 202
     first.kill()
