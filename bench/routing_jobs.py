@@ -1,7 +1,8 @@
 """One evaluation run as a picklable-free job for a process pool: names in, JSON out.
 
-A job is (store dir, seed, requests, scenario name, policy name, harm weight): the worker
-rebuilds the scenario and the policy from ``routing_setup`` by name, predicts in process with
+A job is (store dir, seed, requests, scenario name, policy name, settings): the worker
+rebuilds the scenario and the policy from ``routing_setup`` by name (the recommended ones with
+``settings``, a JSON object of ``default_policy``'s keyword settings), predicts in process with
 ``StorePredictions`` (loaded once per worker and store) and returns the ``RunResult`` as JSON.
 """
 
@@ -20,22 +21,24 @@ from scheduler_client import CompositeHeuristic, Policy, default_policy
 _SOURCES: dict[str, StorePredictions] = {}
 
 
-def policy_for(name: str, seed: int, harm_weight: float) -> Policy:
-    """The named benchmark policy; the recommended ones with ``harm_weight``."""
+def policy_for(name: str, seed: int, settings: dict[str, float]) -> Policy:
+    """The named benchmark policy; the recommended ones with ``settings`` (``default_policy`` keywords)."""
     if name in HEURISTICS:
         return HEURISTICS[name](seed)
     if name == "composite (tie-break seed + 1)":
         return CompositeHeuristic(seed=seed + 1)
-    if name == RECOMMENDED or name.startswith(RECOMMENDED + " harm"):
-        return default_policy(seed, harm_weight=harm_weight)
-    if name == RECOMMENDED_ADMISSION:
-        return default_policy(seed, admission=True, harm_weight=harm_weight)
+    if name.startswith(RECOMMENDED_ADMISSION):
+        return default_policy(seed, admission=True, **settings)
+    if name.startswith(RECOMMENDED):
+        routing = {k: v for k, v in settings.items() if k != "admission_slack"}
+        return default_policy(seed, **routing)
     return PREDICTED[name](seed)
 
 
-def run_job(store: str, seed: int, requests: int, scenario: str, policy: str, harm_weight: float) -> str:
+def run_job(store: str, seed: int, requests: int, scenario: str, policy: str, settings: str) -> str:
+    """One run; ``settings`` is a JSON object of ``default_policy`` keywords."""
     (chosen,) = [s for s in scenarios(seed, requests) if s.name == scenario]
-    routed = policy_for(policy, seed, harm_weight)
+    routed = policy_for(policy, seed, json.loads(settings))
     source = None
     if routed.uses_predictions:
         source = _SOURCES.get(store)

@@ -10,7 +10,8 @@ samples (heuristic routing of one chat workload), then times whole routing decis
 same simulated pod states, alternating, decision by decision, between
 
 - today's call: ``SloHeadroom("spread")``, 8 rows per call;
-- the recommended ``default_policy()``: 8 candidate rows + 8 "with this request" rows.
+- the recommended ``default_policy()`` (chance objective and cache term; harm weight 0, so 8 rows);
+- ``default_policy(harm_weight=1)``: 8 candidate rows + 8 "with this request" rows.
 
 Prints p50/p90/p99 of each and of the difference, in wall time over HTTP, and in CPU time
 (``time.thread_time``) of the same decisions computed in process by the prediction server's
@@ -63,6 +64,7 @@ async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> 
     cluster = Cluster(8, seed=seed)
     policies: dict[str, Policy] = {
         "today (8 rows)": SloHeadroom("spread"),
+        "recommended (8 rows)": default_policy(),
         "placement cost (16 rows)": default_policy(harm_weight=1.0),
     }
     times: dict[str, list[float]] = {name: [] for name in policies}
@@ -72,7 +74,8 @@ async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> 
         for i, (req, routing) in enumerate(with_slos(scenario.requests(), seed)):
             cluster.advance_to(req.arrival_s)
             rows = cluster.candidate_rows(req)
-            order = list(policies.items()) if i % 2 else list(reversed(policies.items()))
+            items = list(policies.items())
+            order = items[i % len(items) :] + items[: i % len(items)]  # rotate who goes first
             pod = 0
             for name, policy in order:
                 started = time.perf_counter()
@@ -82,7 +85,7 @@ async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> 
                     raise RuntimeError(f"prediction failed: {client.last_error}")
                 pod = decision.pod if decision.pod is not None else pod
                 times[f"{name}, CPU in process"].append(_cpu_ms(source, policy, routing, rows))
-            cluster.route(req, pod)  # the placement-cost policy's choice
+            cluster.route(req, pod)  # the last policy's choice
     return times
 
 
@@ -112,13 +115,21 @@ def main() -> None:
                 _retrain(training, prediction)
                 times = asyncio.run(_time(prediction.url, data / "models", args.decisions, args.seed))
     names = list(times)
-    for a, b, label in ((0, 1, "wall, HTTP"), (2, 3, "CPU, in process")):
-        diff = np.array(times[names[b]]) - np.array(times[names[a]])
-        for name, values in [(names[a], times[names[a]]), (names[b], times[names[b]]), ("difference", diff)]:
+    wall, cpu = names[:3], names[3:]
+    for group, label in ((wall, "wall, HTTP"), (cpu, "CPU, in process")):
+        base = group[0]
+        for name in group:
+            values = times[name]
             p50, p90, p99 = np.percentile(values, [50, 90, 99]).tolist()
             print(f"{name:>42}: p50 {p50:7.3f} ms  p90 {p90:7.3f} ms  p99 {p99:7.3f} ms  (n={len(values)})")
-        p99a, p99b = (float(np.percentile(times[names[i]], 99)) for i in (a, b))
-        print(f"{label}: p99 added by the placement rows {p99b - p99a:+.3f} ms")
+        for name in group[1:]:
+            diff = np.array(times[name]) - np.array(times[base])
+            d50, d99 = np.percentile(diff, [50, 99]).tolist()
+            added = float(np.percentile(times[name], 99) - np.percentile(times[base], 99))
+            print(
+                f"{label}: {name} vs {base}: p99 added {added:+.3f} ms "
+                f"(paired p50 {d50:+.3f}, p99 {d99:+.3f})"
+            )
 
 
 if __name__ == "__main__":

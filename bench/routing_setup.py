@@ -66,13 +66,15 @@ DESCRIPTIONS = {
     "prefix-affinity": "pods with prefix-cache score >= 0.5 preferred unless their predicted TTFT "
     "exceeds the best pod's by more than max(50 ms, 25%); slo-spread among them; 5% exploration",
     RECOMMENDED: "`scheduler_client.default_policy()`: prefix affinity (score >= 0.8) gated by predicted "
-    "TTFT (within max(50 ms, 25%) of the best pod), 5% exploration; among the pods kept, own SLO "
-    "headroom + harm weight x predicted TPOT harm to the pod's running and waiting requests "
-    "(extra rows in the same bulk call; the harm weight is chosen on the validation seeds, below)",
+    "TTFT (within max(50 ms, 25%) of the best pod), 5% exploration; among the pods kept, the lowest "
+    "-ln P(meeting both SLOs) (from the p90 predictions, assumed log-normal) + cache weight x the "
+    "uncached share of the prompt + harm weight x predicted TPOT harm to the pod's requests (extra "
+    "rows in the same bulk call); the weights are chosen on the validation seeds, below",
     "slo-spread+admission": "slo-spread; a sheddable request is rejected when every pod's predicted TTFT "
     "or TPOT exceeds its SLO by more than 25%",
-    RECOMMENDED_ADMISSION: "`default_policy(admission=True)`: the recommended policy with the same "
-    "admission rule",
+    RECOMMENDED_ADMISSION: "`default_policy(admission=True)`: the recommended policy; a sheddable "
+    "request is rejected when every pod's predicted TTFT or TPOT exceeds its SLO x (1 + admission "
+    "slack; the slack is chosen on the validation seeds, below)",
 }
 
 

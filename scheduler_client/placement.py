@@ -17,13 +17,24 @@ rows and these extra rows together (``extra_rows``), so one routing decision sta
 
 and the cost of pod p, lower is better:
 
-    cost_p = -headroom_p + harm_weight * harm_p
+    cost_p = own_p + harm_weight * harm_p + cache_weight * (1 - prefix_cache_score_p)
 
-where ``headroom_p`` is the request's own weighted relative SLO headroom (``SloHeadroom``'s
-``h``: 0.5 TTFT + 0.5 TPOT, as a share of each SLO). As in ``SloHeadroom("spread")``, pods
-predicted to meet both SLOs are the only ones in the draw while there are any; otherwise the
-shortfall is the own term. ``others_tpot_slo_ms`` is the TPOT objective assumed for the requests
-already running (default: this request's own TPOT SLO, else 50 ms).
+The own term depends on ``objective``:
+
+- ``"headroom"``: ``-headroom_p``, the request's own weighted relative SLO headroom
+  (``SloHeadroom``'s ``h``: 0.5 TTFT + 0.5 TPOT, as a share of each SLO). As in
+  ``SloHeadroom("spread")``, pods predicted to meet both SLOs are the only ones in the draw
+  while there are any; otherwise the shortfall is the own term.
+- ``"chance"``: ``-ln P(meet both SLOs on p)`` (``odds.log_chance``: the p90 prediction read as
+  a log-normal with assumed spreads). Attainment counts requests that meet *both* objectives;
+  headroom ranks an interactive request by its wide TTFT margin while its tight TPOT is what it
+  misses.
+
+The cache term is the share of the prompt pod p must prefill: the work the placement adds to
+that pod, which every request there pays for in longer steps, and the prefix it may evict. (Own
+predicted TTFT sees only the request's own share of a cache miss.) ``others_tpot_slo_ms`` is the
+TPOT objective assumed for the requests already running (default: this request's own TPOT SLO,
+else 50 ms).
 
 Wrapped in ``PrefixAffinity(..., threshold=0.8)`` this is the llm-d pipeline's shape: prefix
 affinity gated by predicted TTFT with epsilon exploration, then SLO headroom and the harm term.
@@ -33,7 +44,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
+from scheduler_client.odds import DEFAULT_SPREADS, Spreads, log_chance
 from scheduler_client.picking import Picker
 from scheduler_client.policies import PredictedPolicy, SloHeadroom
 from scheduler_client.types import Prediction, RoutingRequest, Row, meets_slo
@@ -55,7 +68,8 @@ def with_request(row: Row) -> dict[str, object]:
 
 
 class PlacementCost(PredictedPolicy):
-    """Own SLO headroom plus ``harm_weight`` x predicted TPOT harm to the pod's requests."""
+    """Own SLO headroom (or chance) + ``harm_weight`` x predicted TPOT harm to the pod's requests
+    + ``cache_weight`` x the uncached share of the prompt (see the module docstring)."""
 
     name = "placement-cost"
 
@@ -63,6 +77,9 @@ class PlacementCost(PredictedPolicy):
         self,
         harm_weight: float = 1.0,
         *,
+        cache_weight: float = 0.0,
+        objective: Literal["headroom", "chance"] = "headroom",
+        spreads: Spreads = DEFAULT_SPREADS,
         others_tpot_slo_ms: float | None = None,
         ttft_weight: float = 0.5,
         tpot_weight: float = 0.5,
@@ -71,10 +88,17 @@ class PlacementCost(PredictedPolicy):
     ) -> None:
         if harm_weight < 0 or not math.isfinite(harm_weight):
             raise ValueError("harm_weight must be a finite number >= 0")
+        if cache_weight < 0 or not math.isfinite(cache_weight):
+            raise ValueError("cache_weight must be a finite number >= 0")
+        if objective not in ("headroom", "chance"):
+            raise ValueError("objective must be 'headroom' or 'chance'")
         if others_tpot_slo_ms is not None and not others_tpot_slo_ms > 0:
             raise ValueError("others_tpot_slo_ms must be > 0 (or None)")
         super().__init__(picker, seed=seed)
         self.harm_weight = harm_weight
+        self.cache_weight = cache_weight
+        self.objective = objective
+        self.spreads = spreads
         self.others_tpot_slo_ms = others_tpot_slo_ms
         self._own = SloHeadroom("spread", ttft_weight=ttft_weight, tpot_weight=tpot_weight)
         self.ttft_weight = ttft_weight
@@ -113,6 +137,9 @@ class PlacementCost(PredictedPolicy):
         if not request.has_slo:
             own = [p.ttft_ms / 1000.0 + p.tpot_ms / DEFAULT_OTHERS_TPOT_SLO_MS for p in predictions]
             reason = "no SLO: latency"
+        elif self.objective == "chance":
+            own = [-log_chance(request, p, self.spreads) for p in predictions]
+            reason = "chance of meeting the SLO"
         else:
             own = []
             meeting = [meets_slo(request, p) for p in predictions]
@@ -123,5 +150,8 @@ class PlacementCost(PredictedPolicy):
                 h = (w_ttft * ttft + w_tpot * tpot) / ((w_ttft + w_tpot) or 1.0)
                 own.append(-h if ok or not any(meeting) else math.inf)
             reason = "pods meeting the SLO" if any(meeting) else "no pod meets the SLO: least shortfall"
-        costs = [c + self.harm_weight * harm for c, harm in zip(own, harms, strict=True)]
+        costs = [
+            c + self.harm_weight * harm + self.cache_weight * (1.0 - float(row["prefix_cache_score"]))
+            for c, harm, row in zip(own, harms, rows, strict=True)
+        ]
         return costs, f"placement cost; {reason}"

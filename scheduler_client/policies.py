@@ -43,7 +43,8 @@ sacrifice_slack_frac)``
     predicted to meet it within a slack: every pod's predicted TTFT or TPOT exceeds its SLO
     times (1 + ``slack_frac``). Predictions are a high quantile (p90 by default), so a
     prediction just above the SLO still means a good chance of meeting it; with the spread of
-    LLM latencies, ``slack_frac=0.5`` is roughly "more likely to miss than to meet".
+    LLM latencies, ``slack_frac=0.5`` is roughly "more likely to miss than to meet"; a negative
+    slack sheds unless some pod is predicted to meet the SLO with that much headroom.
     Everything else goes to ``inner``. Without predictions nothing is rejected: the fallback
     cannot tell.
 """
@@ -258,8 +259,8 @@ class Admission:
     uses_predictions = True
 
     def __init__(self, inner: Policy, *, slack_frac: float = 0.0) -> None:
-        if slack_frac < 0:
-            raise ValueError("slack_frac must be >= 0")
+        if not -1.0 < slack_frac < math.inf:
+            raise ValueError("slack_frac must be > -1 (negative: shed unless the prediction has headroom)")
         self.inner = inner
         self.name = f"{inner.name}+admission"
         self.slack_frac = slack_frac

@@ -1,19 +1,24 @@
 """The routing policy we recommend: ``default_policy(seed=0)``.
 
-    PrefixAffinity(PlacementCost(harm_weight=HARM_WEIGHT), threshold=0.8,
-                   ttft_margin_ms=50, ttft_margin_frac=0.25, epsilon=0.05)
+    PrefixAffinity(PlacementCost(objective="chance", cache_weight=CACHE_WEIGHT,
+                                 harm_weight=HARM_WEIGHT),
+                   threshold=0.8, ttft_margin_ms=50, ttft_margin_frac=0.25, epsilon=0.05)
 
 Prefix-cache affinity (llm-d's affinity filter, threshold 0.80) gated by predicted TTFT, with
-5% exploration; among the pods it keeps, the request's own SLO headroom plus ``HARM_WEIGHT``
-times the predicted TPOT harm its placement does to the requests already running there
-(``placement``). ``HARM_WEIGHT`` is 0: on the validation seeds none of the weights tried (0.1,
-0.3, 1) did better than 0, so by default no extra rows are sent; ``default_policy(harm_weight=w)``
-turns the term on. With
-``admission=True`` it is wrapped in ``Admission(slack_frac=ADMISSION_SLACK)``: sheddable
-requests no pod is predicted to serve within their SLO are rejected.
+5% exploration; among the pods it keeps, the cost of a pod is
 
-The settings were chosen on the routing benchmark's validation seeds only (never its
-evaluation seeds); the evidence is in docs/benchmarks-routing.md.
+    -ln P(the request meets both its TTFT and TPOT SLO there)      (``odds``: from the p90)
+    + CACHE_WEIGHT x the share of its prompt the pod must prefill (the work it adds there)
+    + HARM_WEIGHT x the predicted TPOT harm to the requests already on the pod
+
+(``placement``). The harm term needs one extra row per candidate in the same bulk call; with
+``HARM_WEIGHT`` 0 no extra rows are sent. With ``admission=True`` the policy is wrapped in
+``Admission(slack_frac=ADMISSION_SLACK)``: sheddable requests no pod is predicted to serve
+within their SLO times (1 + slack) are rejected.
+
+``CACHE_WEIGHT``, ``HARM_WEIGHT`` and ``ADMISSION_SLACK`` were chosen on the routing
+benchmark's validation seeds only (never its evaluation seeds); the evidence is in
+docs/benchmarks-routing.md.
 """
 
 from __future__ import annotations
@@ -22,21 +27,30 @@ from scheduler_client.heuristics import Policy
 from scheduler_client.placement import PlacementCost
 from scheduler_client.policies import Admission, PrefixAffinity
 
-__all__ = ["ADMISSION_SLACK", "HARM_WEIGHT", "default_policy"]
+__all__ = ["ADMISSION_SLACK", "CACHE_WEIGHT", "HARM_WEIGHT", "default_policy"]
 
-HARM_WEIGHT = 0.0  # chosen on the validation seeds (bench.routing_compare); see the module docstring
+# Chosen on the validation seeds (bench.routing_compare); see the module docstring.
+CACHE_WEIGHT = 2.0
+HARM_WEIGHT = 0.0
+ADMISSION_SLACK = 0.0
 AFFINITY_THRESHOLD = 0.8
-ADMISSION_SLACK = 0.25
 
 
-def default_policy(seed: int = 0, *, admission: bool = False, harm_weight: float = HARM_WEIGHT) -> Policy:
+def default_policy(
+    seed: int = 0,
+    *,
+    admission: bool = False,
+    harm_weight: float = HARM_WEIGHT,
+    cache_weight: float = CACHE_WEIGHT,
+    admission_slack: float = ADMISSION_SLACK,
+) -> Policy:
     """The recommended policy (see the module docstring); reproducible from ``seed``."""
     policy: Policy = PrefixAffinity(
-        PlacementCost(harm_weight=harm_weight, seed=seed),
+        PlacementCost(harm_weight=harm_weight, cache_weight=cache_weight, objective="chance", seed=seed),
         threshold=AFFINITY_THRESHOLD,
         ttft_margin_ms=50.0,
         ttft_margin_frac=0.25,
         epsilon=0.05,
         seed=seed,
     )
-    return Admission(policy, slack_frac=ADMISSION_SLACK) if admission else policy
+    return Admission(policy, slack_frac=admission_slack) if admission else policy

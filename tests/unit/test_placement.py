@@ -6,6 +6,7 @@ The decisions here come from constructed predictions (the policy is a pure funct
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,10 @@ from scheduler_client import (
     default_policy,
     with_request,
 )
-from scheduler_client.recommended import ADMISSION_SLACK, AFFINITY_THRESHOLD, HARM_WEIGHT
+from scheduler_client.odds import Spreads, log_chance
+from scheduler_client.recommended import ADMISSION_SLACK, AFFINITY_THRESHOLD, CACHE_WEIGHT, HARM_WEIGHT
+
+INTERACTIVE = RoutingRequest(ttft_slo_ms=250.0, tpot_slo_ms=30.0)
 
 BATCH = RoutingRequest(ttft_slo_ms=2000.0, tpot_slo_ms=60.0)
 
@@ -82,11 +86,43 @@ def test_without_predictions_it_falls_back_to_the_composite_score() -> None:
     assert decision.pod == 1 and not decision.used_predictions and "fallback" in decision.reason
 
 
+def test_a_prediction_at_the_slo_is_a_chance_of_the_predicted_quantile() -> None:
+    at_slo = Prediction(250.0, 30.0)
+    assert math.exp(log_chance(RoutingRequest(ttft_slo_ms=250.0), at_slo)) == pytest.approx(0.9)
+    assert math.exp(log_chance(INTERACTIVE, at_slo)) == pytest.approx(0.81)  # both: the product
+    assert math.exp(log_chance(INTERACTIVE, at_slo, Spreads(quantile=0.5))) == pytest.approx(0.25)
+    assert log_chance(RoutingRequest(), at_slo) == 0.0
+    better, worse = Prediction(100.0, 20.0), Prediction(400.0, 45.0)
+    assert log_chance(INTERACTIVE, better) > log_chance(INTERACTIVE, at_slo) > log_chance(INTERACTIVE, worse)
+    assert math.isfinite(log_chance(INTERACTIVE, Prediction(1e6, 1e4)))  # hopeless, still ranked
+
+
+def test_the_chance_objective_ranks_by_the_binding_slo() -> None:
+    """Headroom averages a wide TTFT margin with a thin TPOT one; the chance sees the TPOT risk."""
+    rows = [row(running=2), row(running=2)]
+    own = [Prediction(40.0, 29.0), Prediction(180.0, 22.0)]  # pod 0: TTFT far below, TPOT at the edge
+    assert PlacementCost(0.0).choose(INTERACTIVE, rows, own).pod == 0
+    assert PlacementCost(0.0, objective="chance").choose(INTERACTIVE, rows, own).pod == 1
+
+
+def test_the_cache_term_keeps_a_request_where_its_prefix_is() -> None:
+    """Own latency alone barely prefers the cached pod; the prefill work it saves decides."""
+    rows = [row(running=4, prefix=0.0), row(running=4, prefix=0.75)]
+    own = [Prediction(150.0, 24.0), Prediction(160.0, 24.0)]  # the cold pod answers a bit sooner
+    assert PlacementCost(0.0, objective="chance").choose(INTERACTIVE, rows, own).pod == 0
+    assert PlacementCost(0.0, objective="chance", cache_weight=1.0).choose(INTERACTIVE, rows, own).pod == 1
+    with pytest.raises(ValueError):
+        PlacementCost(0.0, cache_weight=-1.0)
+    with pytest.raises(ValueError):
+        PlacementCost(0.0, objective="median")  # type: ignore[arg-type]
+
+
 def test_default_policy_is_the_documented_shape() -> None:
     policy = default_policy(seed=3)
     assert isinstance(policy, PrefixAffinity) and policy.threshold == AFFINITY_THRESHOLD == 0.8
     assert policy.epsilon == 0.05 and policy.ttft_margin_ms == 50.0 and policy.ttft_margin_frac == 0.25
     assert isinstance(policy.base, PlacementCost) and policy.base.harm_weight == HARM_WEIGHT
+    assert policy.base.objective == "chance" and policy.base.cache_weight == CACHE_WEIGHT
     assert default_policy(harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
     shedding = default_policy(admission=True)
     assert isinstance(shedding, Admission) and isinstance(shedding.inner, PrefixAffinity)
@@ -102,6 +138,9 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
     assert f"affinity (score >= {AFFINITY_THRESHOLD:.2f})" in readme
     assert f"with harm weight {HARM_WEIGHT:g}, i.e. off" in readme and HARM_WEIGHT == 0
+    assert f"plus cache weight {CACHE_WEIGHT:g} x the share of the prompt" in readme
+    assert "-ln P(meeting both the TTFT and the TPOT SLO)" in readme
+    assert isinstance(default_policy().base, PlacementCost) and default_policy().base.objective == "chance"
     assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # off: no extra rows are sent
     assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
     policy = default_policy()
