@@ -6,6 +6,7 @@ The decisions here come from constructed predictions (the policy is a pure funct
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from scheduler_client import (
 )
 from scheduler_client.odds import Spreads, log_chance
 from scheduler_client.recommended import ADMISSION_SLACK, AFFINITY_THRESHOLD, CACHE_WEIGHT, HARM_WEIGHT
+from stack.simulator import Cluster, PodConfig, SimRequest
 
 INTERACTIVE = RoutingRequest(ttft_slo_ms=250.0, tpot_slo_ms=30.0)
 
@@ -148,3 +150,34 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     assert policy.ttft_margin_ms == 50.0 and "within max(50 ms, 25%) of the best pod" in readme
     shedding = default_policy(admission=True)
     assert isinstance(shedding, Admission) and shedding.slack_frac == ADMISSION_SLACK
+
+
+def test_the_cache_term_picks_the_pod_the_simulator_says_costs_the_others_less() -> None:
+    """Two simulated pods decode the same background requests; pod 1 holds the new request's
+    prefix. Own predictions tie (pod 0 even a little ahead), so own chance alone takes pod 0;
+    the simulator, run both ways, says the uncached prefill on pod 0 lengthens the others'
+    decode steps more. The recommended cache term sees that and takes pod 1."""
+    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
+    cluster.route(SimRequest(0, 0.0, prompt_tokens=3100, output_tokens=2, family=7, prefix_tokens=3000), 1)
+    cluster.advance_to(1.0)  # pod 1 now caches family 7's 3000-token prefix
+    background = []
+    for i in range(40):
+        req = SimRequest(1 + i, 1.0, prompt_tokens=300, output_tokens=400, family=100 + i, prefix_tokens=0)
+        cluster.route(req, i % 2)
+        background.append(req.request_id)
+    cluster.advance_to(1.5)  # all decoding
+    new = SimRequest(99, 1.5, prompt_tokens=4000, output_tokens=50, family=7, prefix_tokens=3000)
+    rows = cluster.candidate_rows(new)
+    assert rows[1]["prefix_cache_score"] == pytest.approx(0.75) and rows[0]["prefix_cache_score"] == 0
+
+    def others_tpot(pod: int) -> float:
+        trial = copy.deepcopy(cluster)
+        trial.route(new, pod)
+        return sum(c.tpot_ms for c in trial.drain() if c.request.request_id in background)
+
+    assert others_tpot(0) > others_tpot(1)  # the simulator: the cached pod costs the others less
+    own = [Prediction(150.0, 26.0), Prediction(152.0, 26.0)]
+    request = RoutingRequest(ttft_slo_ms=600.0, tpot_slo_ms=40.0)
+    assert PlacementCost(0.0, objective="chance").choose(request, rows, own).pod == 0
+    recommended = PlacementCost(0.0, objective="chance", cache_weight=CACHE_WEIGHT)
+    assert recommended.choose(request, rows, own).pod == 1
