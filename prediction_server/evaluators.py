@@ -172,7 +172,7 @@ def compile_forests(
     if jit and jit_available():
         joint = _candidate(JitForests.from_boosters, boosters, "+".join(what))
         if joint is not None and _reproduces(joint, expected, probe, "+".join(what)):
-            return joint  # type: ignore[no-any-return]
+            return joint
     return SeparateForests(
         [compile_forest(b, probe, name, e) for b, name, e in zip(boosters, what, expected, strict=True)]
     )
@@ -195,9 +195,7 @@ def verified(candidate: Forest | None, expected: np.ndarray, probe: np.ndarray, 
     """``candidate`` if its margins on ``probe`` equal ``expected`` (XGBoost's), else ``None``."""
     if candidate is None:
         return None
-    ok = _reproduces(
-        _Single(candidate), [expected], probe, what, name=evaluator_name(candidate), exact=False
-    )
+    ok = _reproduces(_Single(candidate), [expected], probe, what, name=evaluator_name(candidate), exact=False)
     return candidate if ok else None
 
 
@@ -227,8 +225,7 @@ def _reproduces(
         log_event(log, "evaluator_failed", logging.WARNING, model=what, evaluator=name, error=repr(exc))
         return False
     same = len(got) == len(expected) and all(
-        g.shape == e.shape
-        and (np.array_equal(g, e) if exact else np.allclose(g, e, rtol=1e-6, atol=1e-6))
+        g.shape == e.shape and (np.array_equal(g, e) if exact else np.allclose(g, e, rtol=1e-6, atol=1e-6))
         for g, e in zip(got, expected, strict=False)
     )
     if not same:

@@ -103,12 +103,12 @@ def _kernel() -> Callable[..., None]:
     """The compiled kernel; raises ``ImportError`` without numba."""
     import numba
 
-    options = {"nogil": True, "boundscheck": False, "error_model": "numpy"}
     try:
-        return numba.njit(cache=True, **options)(_kernel_source)  # type: ignore[no-any-return]
+        kernel = numba.njit(_kernel_source, cache=True, nogil=True, boundscheck=False, error_model="numpy")
     except RuntimeError as exc:  # "cannot cache function ...: no locator available"
         log_event(log, "jit_cache_unavailable", logging.WARNING, error=str(exc))
-        return numba.njit(cache=False, **options)(_kernel_source)  # type: ignore[no-any-return]
+        kernel = numba.njit(_kernel_source, cache=False, nogil=True, boundscheck=False, error_model="numpy")
+    return kernel
 
 
 @cache
@@ -226,14 +226,18 @@ def _perfect_tree(tree: Any, num_features: int) -> tuple[int, np.ndarray, np.nda
         column = split_index[current] + np.where(default_left[current], 0, num_features)
         key = order_keys(conditions[current])
         levels.append(
-            np.where(split, (key.astype(np.uint64) << np.uint64(32)) | column.astype(np.uint64), np.uint64(_KEY_MAX << 32))
+            np.where(
+                split,
+                (key.astype(np.uint64) << np.uint64(32)) | column.astype(np.uint64),
+                np.uint64(_KEY_MAX << 32),
+            )
         )
         # A leaf above the bottom is its own two children, whichever way a row goes.
         current = np.stack(
             (np.where(split, left[current], current), np.where(split, right[current], current)), axis=1
         ).reshape(-1)
-    packed = np.concatenate(levels) if levels else np.zeros(0, dtype=np.uint64)
-    return len(levels), packed.astype(np.uint64), conditions[current]
+    splits = np.concatenate(levels) if levels else np.zeros(0, dtype=np.uint64)
+    return len(levels), splits.astype(np.uint64), conditions[current]
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:

@@ -175,7 +175,6 @@ class CompiledForest:
         return np.add.accumulate(terms, axis=0)[-1]
 
 
-
 def read_gbtree_model(model: Any) -> tuple[int, np.float32, list[Any]]:
     """``(num_features, base_score, trees)`` of a parsed XGBoost JSON model that the compiled
     evaluators support (one output, gbtree, an identity-link objective); ``ValueError`` otherwise."""
@@ -199,6 +198,7 @@ def read_gbtree_model(model: Any) -> tuple[int, np.float32, list[Any]]:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not an XGBoost JSON model: missing {exc}") from exc
     return int(params["num_feature"]), _parse_base_score(params["base_score"]), trees
+
 
 def _compile_tree(tree: Any, num_features: int, offset: int) -> tuple[int, _TreeTables]:
     """Renumber one tree breadth-first with adjacent children; return (depth, tables).
