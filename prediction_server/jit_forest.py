@@ -159,13 +159,15 @@ class JitForests:
             if not trees:
                 raise ValueError("model has no trees")
             bases.append(base_score)
-            for tree in trees:
-                depth, tree_splits, tree_leaves = _perfect_tree(tree, num_features)
-                rows.append((depth, node_offset, leaf_offset, k))
-                splits.append(tree_splits)
-                leaves.append(tree_leaves)
-                node_offset += tree_splits.size
-                leaf_offset += tree_leaves.size
+            depths, tree_splits, tree_leaves = _perfect_trees(trees, num_features)
+            node_sizes, leaf_sizes = (1 << depths) - 1, 1 << depths
+            node_starts = node_offset + np.cumsum(node_sizes) - node_sizes
+            leaf_starts = leaf_offset + np.cumsum(leaf_sizes) - leaf_sizes
+            rows.extend(zip(depths.tolist(), node_starts.tolist(), leaf_starts.tolist(), [k] * len(trees)))
+            splits.append(tree_splits)
+            leaves.append(tree_leaves)
+            node_offset += tree_splits.size
+            leaf_offset += tree_leaves.size
         if not rows:
             raise ValueError("no models")
         table = np.asarray(rows, dtype=np.int64)
@@ -195,49 +197,74 @@ class JitForests:
         return tuple(self.predict_margins(features))
 
 
-def _perfect_tree(tree: Any, num_features: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """``(depth, packed splits (2^depth - 1), leaf values (2^depth))`` of one XGBoost JSON tree."""
-    left = np.asarray(tree["left_children"], dtype=np.int64)
-    right = np.asarray(tree["right_children"], dtype=np.int64)
-    conditions = np.asarray(tree["split_conditions"], dtype=np.float64).astype(np.float32)
-    split_index = np.asarray(tree["split_indices"], dtype=np.int64)
-    default_left = np.asarray(tree["default_left"], dtype=bool)
-    size = left.size
-    if not (size and right.size == conditions.size == split_index.size == default_left.size == size):
-        raise ValueError(f"tree {tree.get('id')}: malformed node arrays")
-    if int(tree.get("tree_param", {}).get("size_leaf_vector", "1")) > 1:
-        raise ValueError("multi-target trees are not supported")
-    if np.any(np.asarray(tree.get("split_type", []), dtype=np.int64) != 0):
-        raise ValueError("categorical splits are not supported")
-    internal = left != -1
-    if np.any(internal & ((left < 0) | (left >= size) | (right < 0) | (right >= size))):
-        raise ValueError(f"tree {tree.get('id')}: child index out of range")
-    if np.any(internal & ((split_index < 0) | (split_index >= num_features))):
-        raise ValueError(f"tree {tree.get('id')}: split feature index out of range")
-    if not np.all(np.isfinite(conditions[internal])):
-        raise ValueError(f"tree {tree.get('id')}: non-finite split threshold")
+def _perfect_trees(trees: Sequence[Any], num_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(depths, packed splits, leaf values)`` of one model's XGBoost JSON trees laid out as perfect
+    trees of their own depth, one after the other (``2^depth - 1`` splits and ``2^depth`` leaves
+    each), built level by level for all trees at once."""
+    sizes = []
+    for tree in trees:
+        if int(tree.get("tree_param", {}).get("size_leaf_vector", "1")) > 1:
+            raise ValueError("multi-target trees are not supported")
+        if any(int(kind) != 0 for kind in tree.get("split_type", [])):
+            raise ValueError("categorical splits are not supported")
+        sizes.append(len(tree["left_children"]))
+    starts = np.cumsum(sizes) - np.asarray(sizes)
+    total = int(np.sum(sizes))
 
-    levels: list[np.ndarray] = []
-    current = np.zeros(1, dtype=np.int64)  # original node id at each position of this level
-    while internal[current].any():
-        if len(levels) == MAX_DEPTH:
-            raise ValueError(f"tree {tree.get('id')}: deeper than {MAX_DEPTH} levels")
+    def column(key: str, dtype: Any) -> np.ndarray:
+        values = np.concatenate([np.asarray(tree[key], dtype=dtype) for tree in trees])
+        if values.size != total:
+            raise ValueError(f"malformed node arrays ({key})")
+        return values
+
+    local_left, local_right = column("left_children", np.int64), column("right_children", np.int64)
+    conditions = column("split_conditions", np.float64).astype(np.float32)
+    split_index = column("split_indices", np.int64)
+    default_left = column("default_left", np.int64) != 0
+    internal = local_left != -1
+    size_of_node = np.repeat(np.asarray(sizes), sizes)
+    for child in (local_left, local_right):
+        if np.any(internal & ((child < 0) | (child >= size_of_node))):
+            raise ValueError("child index out of range")
+    if np.any(internal & ((split_index < 0) | (split_index >= num_features))):
+        raise ValueError("split feature index out of range")
+    if not np.all(np.isfinite(conditions[internal])):
+        raise ValueError("non-finite split threshold")
+    base = np.repeat(starts, sizes)
+    left, right = local_left + base, local_right + base  # global node ids
+    column_of = split_index + np.where(default_left, 0, num_features)
+    split_of = (order_keys(conditions).astype(np.uint64) << np.uint64(32)) | column_of.astype(np.uint64)
+    padding = np.uint64(_KEY_MAX << 32)
+
+    depths = np.zeros(len(trees), dtype=np.int64)
+    level_splits: list[tuple[np.ndarray, int, np.ndarray]] = []  # (trees, level, splits)
+    bottom: dict[int, np.ndarray] = {}  # tree -> its leaves' node ids
+    active = np.arange(len(trees))
+    current = starts[:, None]  # (active trees, 2^level) node ids
+    for level in range(MAX_DEPTH + 1):
         split = internal[current]
-        column = split_index[current] + np.where(default_left[current], 0, num_features)
-        key = order_keys(conditions[current])
-        levels.append(
-            np.where(
-                split,
-                (key.astype(np.uint64) << np.uint64(32)) | column.astype(np.uint64),
-                np.uint64(_KEY_MAX << 32),
-            )
-        )
+        going_on = split.any(axis=1)
+        for t, nodes in zip(active[~going_on].tolist(), current[~going_on], strict=True):
+            depths[t] = level
+            bottom[t] = nodes
+        active, current, split = active[going_on], current[going_on], split[going_on]
+        if active.size == 0:
+            break
+        if level == MAX_DEPTH:
+            raise ValueError(f"tree {int(active[0])}: deeper than {MAX_DEPTH} levels")
+        level_splits.append((active, level, np.where(split, split_of[current], padding)))
         # A leaf above the bottom is its own two children, whichever way a row goes.
         current = np.stack(
-            (np.where(split, left[current], current), np.where(split, right[current], current)), axis=1
-        ).reshape(-1)
-    splits = np.concatenate(levels) if levels else np.zeros(0, dtype=np.uint64)
-    return len(levels), splits.astype(np.uint64), conditions[current]
+            (np.where(split, left[current], current), np.where(split, right[current], current)), axis=2
+        ).reshape(len(active), -1)
+    node_sizes = (1 << depths) - 1
+    node_starts = np.cumsum(node_sizes) - node_sizes
+    packed = np.zeros(int(node_sizes.sum()), dtype=np.uint64)
+    for tree_ids, level, values in level_splits:
+        slots = node_starts[tree_ids][:, None] + ((1 << level) - 1) + np.arange(1 << level)
+        packed[slots] = values
+    leaves = np.concatenate([conditions[bottom[t]] for t in range(len(trees))])
+    return depths, packed, leaves
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
