@@ -163,7 +163,11 @@ class JitForests:
             node_sizes, leaf_sizes = (1 << depths) - 1, 1 << depths
             node_starts = node_offset + np.cumsum(node_sizes) - node_sizes
             leaf_starts = leaf_offset + np.cumsum(leaf_sizes) - leaf_sizes
-            rows.extend(zip(depths.tolist(), node_starts.tolist(), leaf_starts.tolist(), [k] * len(trees)))
+            rows.extend(
+                zip(
+                    depths.tolist(), node_starts.tolist(), leaf_starts.tolist(), [k] * len(trees), strict=True
+                )
+            )
             splits.append(tree_splits)
             leaves.append(tree_leaves)
             node_offset += tree_splits.size
