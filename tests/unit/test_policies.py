@@ -255,6 +255,16 @@ def test_admission_slack_tolerates_predictions_somewhat_above_the_slo() -> None:
     assert Admission(SloHeadroom("spread"), slack_frac=0.5).choose(request, IDLE[:2], far).pod is None
 
 
+def test_a_negative_admission_slack_demands_headroom() -> None:
+    within = preds((450, 45), (480, 48))  # both within the SLO, by 10% at best
+    request = RoutingRequest(500, 50, sheddable=True)
+    assert Admission(SloHeadroom("spread")).choose(request, IDLE[:2], within).pod == 0
+    assert Admission(SloHeadroom("spread"), slack_frac=-0.1).choose(request, IDLE[:2], within).pod == 0
+    assert Admission(SloHeadroom("spread"), slack_frac=-0.2).choose(request, IDLE[:2], within).pod is None
+    with pytest.raises(ValueError):
+        Admission(SloHeadroom("spread"), slack_frac=-1.0)
+
+
 def test_sacrifice_sends_hopeless_requests_to_the_slowest_pod() -> None:
     policy = SloHeadroom("spread", sacrifice_slack_frac=0.25)
     hopeless = preds((900, 45), (2000, 55), (700, 40))  # every pod > 1.25x the TTFT SLO
