@@ -32,7 +32,7 @@ __all__ = ["ADMISSION_SLACK", "CACHE_WEIGHT", "HARM_WEIGHT", "default_policy"]
 # Chosen on the validation seeds (bench.routing_compare); see the module docstring.
 CACHE_WEIGHT = 1.0
 HARM_WEIGHT = 0.0
-ADMISSION_SLACK = 0.0
+ADMISSION_SLACK = -0.1
 AFFINITY_THRESHOLD = 0.8
 
 
