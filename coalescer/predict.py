@@ -1,11 +1,11 @@
 """The prediction endpoints as raw ASGI handlers: the scheduler's hot path.
 
 ``/predict/bulk/strict``, ``/predict/bulk`` and ``/predict`` read the body from ASGI messages,
-answer with orjson bytes, and are dispatched by the app before FastAPI's middleware stack and
-router (see ``app.CoalescerApp``). On this 2-core box that stack (telemetry check, exception and
-exit-stack middleware, routing, ``Request``/``Response`` objects) costs a few tens of µs per call,
-a large share of the 300 µs the coalescer may add. Errors still go through ``shared.http.error_body``
-and the app's rejection counter, exactly as the FastAPI handler maps them.
+answer with orjson bytes, and are dispatched by the app before Starlette's middleware stack and
+router (see ``app.CoalescerApp``). On this 2-core box that stack (error and exception middleware,
+routing, ``Request``/``Response`` objects) costs a few tens of µs per call,
+a large share of the 300 µs the coalescer may add. Errors still become responses in
+``shared.http.error_response`` with the app's rejection counter, as every other route's do.
 
 Each caller's rows are validated here with ``shared.schemas`` before they reach the batcher, so
 an invalid caller gets its own 422 and never shares a batch: the batcher only sees valid rows.
@@ -14,21 +14,15 @@ an invalid caller gets its own 422 and never shares a batch: the batcher only se
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
 from coalescer.batcher import Batcher, ClientDisconnected, Ticket
 from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, PayloadTooLarge, ServiceError
-from shared.http import error_body
-from shared.logging import log_event
+from shared.http import dump_json, error_response
 from shared.schemas import loads, parse_all_rows, parse_row, parse_rows, require_list, rows_valid
-
-log = logging.getLogger(__name__)
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 Handler = Callable[[bytes, "_Call"], Awaitable[Any]]
@@ -36,7 +30,6 @@ Handler = Callable[[bytes, "_Call"], Awaitable[Any]]
 # Loop lag below this is ordinary jitter on a busy machine: it still counts against the deadline,
 # but sheds nobody (a 30 ms deadline would otherwise be shed at 9 ms of lag).
 MIN_SHED_LAG_S = 0.02
-_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 _JSON_HEADER = (b"content-type", b"application/json")
 
 
@@ -96,7 +89,6 @@ class PredictionEndpoints:
             started = time.monotonic()
             lag_s = 0.0
             count()
-            headers = [_JSON_HEADER]
             try:
                 deadline_s, declared = self._scan_headers(scope["headers"])
                 # The loop's lag is time this call most likely spent queued before this handler:
@@ -113,21 +105,16 @@ class PredictionEndpoints:
                 body = await _read_body(receive, self._max_body)
                 call = _Call(started, started - lag_s + deadline_s, receive)
                 result = await handler(body, call)
-                payload = orjson.dumps(result, option=_JSON_OPTIONS)
-                status = 200
-            except ServiceError as exc:
-                self._on_error(exc)
-                status = exc.status_code
-                payload = orjson.dumps(error_body(exc), option=_JSON_OPTIONS)
-                headers.extend(
-                    (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()
-                )
+                payload = dump_json(result)
             except Exception as exc:
-                log_event(log, "unhandled_error", logging.ERROR, path=scope.get("path"), error=repr(exc))
-                status, payload = 500, b'{"detail":"internal error"}'
-            headers.append((b"content-length", b"%d" % len(payload)))
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": payload})
+                response = error_response(exc, scope["path"], self._on_error)
+                status = response.status_code
+                await response(scope, receive, send)
+            else:
+                status = 200
+                headers = [_JSON_HEADER, (b"content-length", b"%d" % len(payload))]
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": payload})
             observe = timers.get(status)
             if observe is None:
                 observe = timers[status] = self._time_call(name, status)

@@ -233,3 +233,13 @@ async def test_ingestion_takes_the_token_only_when_told_to() -> None:
         )
         assert ok.status_code == 202
         assert trainer.samples == 1
+
+
+async def test_no_openapi_pages_and_json_404_405_even_with_internals_exposed() -> None:
+    async with stack(expose_internals=True) as (client, _):
+        for path in ("/docs", "/redoc", "/openapi.json", "/nope"):
+            missing = await client.get(path)
+            assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+        wrong = await client.get("/predict/bulk/strict")
+        assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+        assert wrong.headers["allow"] == "POST"

@@ -351,3 +351,15 @@ async def test_bulk_with_every_row_bad_names_every_row(client: httpx.AsyncClient
         e for e in detail if e["loc"][2] == 7
     ).items()
     assert any(e["loc"] == ["body", "requests", 2999, "num_tokens_generated"] for e in detail)
+
+
+async def test_no_openapi_pages_and_json_404_405_even_with_internals_exposed(
+    store: tuple[ModelStore, Manifest],
+) -> None:
+    async with serving(store=str(store[0].root), expose_internals=True) as client:
+        for path in ("/docs", "/redoc", "/openapi.json", "/nope"):
+            missing = await client.get(path)
+            assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+        wrong = await client.get("/predict")
+        assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+        assert wrong.headers["allow"] == "POST"
