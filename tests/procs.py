@@ -73,6 +73,9 @@ class RunningService:
         self.stop()
 
 
+StartService = Callable[..., RunningService]  # the ``start`` fixture of tests/conftest.py
+
+
 def start_service(
     module: str,
     args: Sequence[str] = (),
@@ -121,9 +124,13 @@ def get_json(url: str, timeout_s: float = 10.0) -> Any:
 
 
 def wait_until(
-    predicate: Callable[[], Any], what: str = "condition", timeout_s: float = 30.0, poll_s: float = 0.05
+    predicate: Callable[[], Any],
+    what: str | Callable[[], str] = "condition",
+    timeout_s: float = 30.0,
+    poll_s: float = 0.05,
 ) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``.
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``
+    (a callable ``what`` is asked at the failure, to show the state then).
 
     The one condition wait of the tests: never a fixed sleep to observe an effect. An HTTP error
     from ``predicate`` (a server still starting or restarting) counts as "not yet".
@@ -137,9 +144,10 @@ def wait_until(
             value, error = None, exc
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}" + (
-            f" (last error {error!r})" if error is not None else ""
-        )
+        if time.monotonic() >= deadline:
+            described = what if isinstance(what, str) else what()
+            last = f" (last error {error!r})" if error is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {described}{last}")
         time.sleep(poll_s)
 
 

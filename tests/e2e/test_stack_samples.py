@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,7 @@ import pytest
 from scheduler_client.feeder import SampleFeeder
 from stack.demo import DEMO_FEEDER, sample_counts
 from stack.simulator import Cluster, Workload, WorkloadConfig, round_robin, simulate
-from tests.procs import free_port, get_json, start_service, wait_until
+from tests.procs import eventually, free_port, get_json, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -49,9 +48,7 @@ def test_sender_rides_out_an_absent_training_server_and_delivers_everything(tmp_
                 await sender.start()
                 for entry in entries:
                     sender.add(entry)
-                deadline = time.monotonic() + 15
-                while sender.paused_until_s == 0 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
+                await eventually(lambda: sender.paused_until_s > 0, "a push-back", timeout_s=15)
                 # 503 with Retry-After: the sender waits as told and keeps the batch
                 assert sender.paused_until_s > 0, "the relay must push back while nobody takes the samples"
                 assert sender.counters.sent == 0  # nothing acknowledged without the training server
