@@ -144,7 +144,7 @@ def test_a_drift_request_retrains_at_once_and_model_age_is_reported(tmp_path: Pa
         assert prior_age is not None and prior_age >= 0
         wait_until(
             lambda: metric(client, "training_model_age_seconds") > prior_age,
-            "the window",
+            "the serving model to age",
             timeout_s=10,
             poll_s=0.01,
         )
