@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from coalescer.batcher import Batcher, ClientDisconnected, Ticket
-from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, PayloadTooLarge, ServiceError
-from shared.http import dump_json, error_response
+from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, ServiceError
+from shared.http import check_declared_size, dump_json, error_response, receive_body
 from shared.schemas import loads, parse_all_rows, parse_row, parse_rows, require_list, rows_valid
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
@@ -98,11 +98,8 @@ class PredictionEndpoints:
                     raise LoopLagging(
                         f"overloaded: the event loop runs {lag_s * 1000:.0f} ms late", retry_after_s=1.0
                     )
-                if declared is not None and declared > self._max_body:
-                    raise PayloadTooLarge(
-                        f"Request body of {declared} bytes exceeds the limit of {self._max_body} bytes"
-                    )
-                body = await _read_body(receive, self._max_body)
+                check_declared_size(declared, self._max_body)
+                body = await receive_body(receive, self._max_body, _disconnected)
                 call = _Call(started, started - lag_s + deadline_s, receive)
                 result = await handler(body, call)
                 payload = dump_json(result)
@@ -215,20 +212,8 @@ class PredictionEndpoints:
                 batcher.abandon(ticket)
 
 
-async def _read_body(receive: Any, max_bytes: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected("client disconnected")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+def _disconnected() -> ClientDisconnected:
+    return ClientDisconnected("client disconnected")
 
 
 async def _watch_disconnect(batcher: Batcher, tickets: list[Ticket], receive: Any) -> None:

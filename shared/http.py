@@ -17,8 +17,9 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from shared.errors import InvalidInput, PayloadTooLarge, ServiceError, Unauthorized
 from shared.logging import log_event
@@ -80,19 +81,37 @@ def install_error_handlers(app: Starlette, on_error: Callable[[ServiceError], No
         app.add_exception_handler(kind, handle)
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the request body, refusing (413) anything over ``max_bytes`` before buffering it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+def check_declared_size(declared: int | None, max_bytes: int) -> None:
+    """413 at once for a ``Content-Length`` over ``max_bytes``, before a byte of the body is read."""
+    if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
+
+
+async def receive_body(
+    receive: Receive, max_bytes: int, disconnected: Callable[[], Exception] = ClientDisconnect
+) -> bytes:
+    """The body from ASGI ``receive`` messages, refusing (413) beyond ``max_bytes`` before buffering
+    it all; a client that hangs up raises ``disconnected()``."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise disconnected()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """A route's request body, within ``max_bytes`` (``check_declared_size``, then ``receive_body``)."""
+    declared = request.headers.get("content-length")
+    check_declared_size(int(declared) if declared is not None and declared.isdigit() else None, max_bytes)
+    return await receive_body(request.receive, max_bytes)
 
 
 def check_token(request: Request, token: str | None) -> None:
