@@ -4,7 +4,11 @@
 ``python -m training_server --host 127.0.0.1 --port <free>`` plus the given flags, waits
 until ``GET /healthz`` answers, and returns a handle that stops the process (SIGTERM,
 then SIGKILL after a timeout) when closed. Logs go to a file under the pytest tmp dir so
-a failing test can show them.
+a failing test can show them (the ``start`` fixture of ``tests/conftest.py`` stops them too).
+
+Also the tests' one condition wait (``wait_until``; ``eventually`` in an event loop) and the
+in-process servers: ``serve_in_loop(app)`` (uvicorn on a free port in the test's loop) and
+``coalescer_in_loop`` (a real coalescer app in front of fault-injecting fake replicas).
 """
 
 from __future__ import annotations
