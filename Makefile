@@ -14,7 +14,8 @@ e2e:
 	$(PY) -m pytest -m e2e
 bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~60 min in all)
 	OMP_NUM_THREADS=1 $(PY) bench/training_ingest.py --out docs/benchmarks-training.md
-	OMP_NUM_THREADS=1 $(PY) bench/prediction_load.py --runs 3 --duration-s 10
+	OMP_NUM_THREADS=1 $(PY) bench/prediction_load.py --runs 3 --step-s 3 --probe-s 1.5 --fractions 0.8,1.0,1.2 --max-steps 7
+	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/model_load.py
 	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/tree_eval.py
 	OMP_NUM_THREADS=1 $(PY) bench/coalescer_load.py --no-pin --out docs/benchmarks-coalescer.md
 	OMP_NUM_THREADS=1 $(PY) bench/accuracy_report.py --seeds 0 1 2 --duration-s 900 --out docs/benchmarks-accuracy.md --plot docs/accuracy-calibration.png

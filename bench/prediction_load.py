@@ -1,22 +1,25 @@
-"""Open-loop load benchmark: prediction_server against a naive pandas/pydantic reference.
+"""Capacity of the prediction server as a fraction of the HTTP floor, open-loop, in one run.
 
 Run from the repository root (2+ cores; the servers get core 0, this generator core 1):
 
-    .venv/bin/python bench/prediction_load.py [--runs 3] [--duration-s 10]
+    python bench/prediction_load.py [--runs 3] [--rows 1,10,100] [--sizes 200x6,150x6]
 
-Both servers serve the same trained model version (150 trees of depth 6 per model, like the
-training server's defaults) from one temporary store, each as a single worker process pinned
-with ``taskset -c 0``. For each scenario (rows per call, target calls/s) the generator sends
-requests on a fixed schedule, whatever the answers do (open loop), over keep-alive HTTP/1.1
-connections opened as needed, and measures each latency from the request's *scheduled* send
-time, so a server (or generator) that falls behind is charged for the queueing it causes.
-A request still unanswered after ``--timeout-s``, or that would need more than
-``--max-in-flight`` connections, counts as an error. Scenarios and servers alternate within
-each run, so background noise hits both alike; figures are medians over runs.
+Servers, each one process pinned with ``taskset -c 0``, ``OMP_NUM_THREADS=1``:
+  floor          bench/floor_server.py: uvicorn + uvloop + httptools + orjson, parses the request
+                 and answers a canned body of the same shape (no validation, features or trees);
+  ours-TxD       python -m prediction_server serving a trained version of T trees of depth D per
+                 model (200x6 is the llm-d predictor's size, 150x6 the training server's default),
+                 with a work-ahead baseline like the training server's versions.
 
-Reported per scenario and server: achieved rate (successful calls/s and rows/s), p50/p90/p99
-latency, errors, server CPU per call (from /proc) and the generator's own CPU use, which must
-stay well below one core for the numbers to describe the server.
+Capacity: for each (server, rows per call) the generator first offers a light load to measure the
+server's CPU per call, then offers fixed rates at fractions of the rate that CPU cost allows
+(``--fractions``) for ``--step-s`` each, open loop (call *i* is sent at ``start + i / rate``
+whatever the answers do, over keep-alive connections, and its latency runs from that due time),
+and stops at the first rate that fails: p99 above ``--p99-ms``, more than 0.1 % errors, or fewer
+answered than 98 % of those offered. The capacity is the highest passing rate's answered calls/s.
+Servers and row counts alternate within each run so background noise hits all alike; the
+summary gives medians over runs, and ours as a fraction of the floor measured in the same run.
+The generator's own CPU share is reported: near 100 % it, not the server, was the limit.
 """
 
 from __future__ import annotations
@@ -46,36 +49,34 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from shared.artifacts import ModelStore, to_margin_target  # noqa: E402
+from shared.baseline import WORK_FEATURES  # noqa: E402
 from shared.features import build_features  # noqa: E402
 from shared.prior import prior_latency_ms, synthetic_columns  # noqa: E402
 from shared.schemas import pod_type_name  # noqa: E402
 
-SCENARIOS: tuple[tuple[int, float], ...] = ((10, 1000.0), (100, 500.0))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+FLOOR = "floor"
 
 
 @dataclass
-class RunResult:
+class StepResult:
     server: str
     rows: int
-    target_rps: float
+    run: int
+    offered_rps: float
     sent: int
     ok: int
     errors: int
     achieved_rps: float
-    rows_per_s: float
     p50_ms: float
-    p90_ms: float
     p99_ms: float
-    max_send_lag_ms: float
     server_cpu_us_per_call: float
-    server_cpu_share: float
-    # Share of the run the server was runnable but waiting for its core (other processes on it).
     server_wait_share: float
     generator_cpu_share: float
+    passed: bool
 
 
-# -- workload and model ----------------------------------------------------------------------------
+# -- workload and models -----------------------------------------------------------------------------
 
 
 def make_rows(n: int, seed: int) -> list[dict[str, Any]]:
@@ -92,18 +93,26 @@ def make_rows(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def publish_benchmark_model(store: ModelStore, rounds: int, depth: int) -> str:
+    """A trained version like the training server's: quantile trees around a work-ahead baseline."""
     import xgboost as xgb
 
     rng = np.random.default_rng(1)
     columns = synthetic_columns(20_000, rng)
     features = build_features(columns)
-    models = {}
+    models, baselines = {}, {}
     for name, target in zip(("ttft", "tpot"), prior_latency_ms(columns, 0.5), strict=True):
+        work = WORK_FEATURES[name]
+        baselines[name] = {
+            "kind": "linear",
+            "features": list(work),
+            "intercept": 5.0,
+            "coefficients": [0.001] * len(work),
+        }
         label = to_margin_target(target * rng.lognormal(0.0, 0.3, len(target)), "log1p")
         params = {"objective": "reg:quantileerror", "quantile_alpha": 0.9, "max_depth": depth, "eta": 0.1}
         booster = xgb.train({**params, "nthread": 1}, xgb.DMatrix(features, label=label), rounds)
         models[name] = bytes(booster.save_raw("ubj"))
-    return store.publish("trained", models, objective="quantile", quantile=0.9).version
+    return store.publish("trained", models, objective="quantile", quantile=0.9, baselines=baselines).version
 
 
 # -- servers ---------------------------------------------------------------------------------------
@@ -129,7 +138,7 @@ class Server:
                 env=env,
                 cwd=REPO,
             )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{name} exited:\n{log.read_text()[-3000:]}")
@@ -158,137 +167,206 @@ class Server:
             self.proc.wait()
 
 
-# -- open-loop generator ---------------------------------------------------------------------------
+# -- open-loop generator -----------------------------------------------------------------------------
 
 
-class _Conn:
-    __slots__ = ("reader", "writer")
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection with at most one call in flight (HTTP/1.1 without pipelining)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, load: _OpenLoop) -> None:
+        self.load = load
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.intended = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self.buffer[:end]).lower()
+        at = head.find(b"content-length:") + 15
+        stop = head.find(b"\r\n", at)
+        length = int(head[at : stop if stop >= 0 else len(head)])
+        if len(self.buffer) < end + 4 + length:
+            return
+        body = bytes(self.buffer[end + 4 : end + 4 + length])
+        status = int(head[9:12])
+        del self.buffer[: end + 4 + length]
+        self.load.answered(self, status, body)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.load.lost(self)
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    start = lower.index(b"content-length:") + 15
-    length = int(lower[start : lower.index(b"\r\n", start)])
-    return status, await reader.readexactly(length)
+class _OpenLoop:
+    def __init__(self, port: int, request: bytes, rows: int, max_in_flight: int) -> None:
+        self.port = port
+        self.request = request
+        self.marker_count = rows
+        self.max_in_flight = max_in_flight
+        self.idle: list[_Connection] = []
+        self.busy: set[_Connection] = set()
+        self.opening = 0
+        self.latencies: list[float] = []
+        self.errors = 0
+        self.last_answer = 0.0
 
+    def answered(self, conn: _Connection, status: int, body: bytes) -> None:
+        now = time.perf_counter()
+        self.busy.discard(conn)
+        if status == 200 and body.count(b'"ttft_ms"') == self.marker_count:
+            self.latencies.append(now - conn.intended)
+            self.last_answer = now
+        else:
+            self.errors += 1
+        self.idle.append(conn)
 
-async def open_loop(
-    port: int, body: bytes, rows: int, rate: float, duration_s: float, timeout_s: float, max_in_flight: int
-) -> tuple[list[float], int, int, float, float]:
-    """Send ``rate`` calls/s for ``duration_s``.
+    def lost(self, conn: _Connection) -> None:
+        if conn in self.busy:
+            self.busy.discard(conn)
+            self.errors += 1
+        with contextlib.suppress(ValueError):
+            self.idle.remove(conn)
 
-    Returns the latencies (s) of the answered calls, the number sent, errors, the largest send
-    lag (s) and the window from the first scheduled send to the last answer (s).
-    """
-    request = (
-        b"POST /predict/bulk/strict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    idle: list[_Conn] = []
-    latencies: list[float] = []
-    errors = 0
-    in_flight = 0
-    max_lag = 0.0
-    marker = b'"ttft_ms"'
-
-    async def one(intended: float) -> None:
-        nonlocal errors, in_flight
-        conn = idle.pop() if idle else None
+    async def _open_and_send(self, intended: float) -> None:
+        self.opening += 1
         try:
-            if conn is None:
-                conn = _Conn(*await asyncio.open_connection("127.0.0.1", port))
-            conn.writer.write(request)
-            status, payload = await asyncio.wait_for(_read_response(conn.reader), timeout_s)
-            if status != 200 or payload.count(marker) != rows:
-                errors += 1
-            else:
-                done = time.perf_counter()
-                latencies.append(done - intended)
-                last_done[0] = max(last_done[0], done)
-            idle.append(conn)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError):
-            errors += 1
-            if conn is not None:
-                conn.writer.close()
+            loop = asyncio.get_running_loop()
+            _, conn = await loop.create_connection(lambda: _Connection(self), "127.0.0.1", self.port)
+        except OSError:
+            self.errors += 1
+            return
         finally:
-            in_flight -= 1
+            self.opening -= 1
+        self._send(conn, intended)
 
-    tasks: set[asyncio.Task[None]] = set()
-    total = int(rate * duration_s)
-    interval = 1.0 / rate
-    start = time.perf_counter() + 0.01
-    last_done = [start]
-    for i in range(total):
-        intended = start + i * interval
-        delay = intended - time.perf_counter()
-        if delay > 0.0005:
-            await asyncio.sleep(delay)
-        max_lag = max(max_lag, time.perf_counter() - intended)
-        if in_flight >= max_in_flight:
-            errors += 1  # the server is this far behind: the call would only queue
-            continue
-        in_flight += 1
-        task = asyncio.create_task(one(intended))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=timeout_s + 1)
-    for conn in idle:
-        conn.writer.close()
-    # From the first scheduled send to the last answer: the window the answered calls took.
-    return latencies, total, errors, max_lag, max(last_done[0] - start, duration_s)
+    def _send(self, conn: _Connection, intended: float) -> None:
+        conn.intended = intended
+        self.busy.add(conn)
+        assert conn.transport is not None
+        conn.transport.write(self.request)
+
+    def send(self, intended: float, tasks: set[asyncio.Task[None]]) -> None:
+        if self.idle:
+            self._send(self.idle.pop(), intended)
+        elif len(self.busy) + self.opening < self.max_in_flight:
+            task = asyncio.get_running_loop().create_task(self._open_and_send(intended))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        else:
+            self.errors += 1  # the server is this far behind: the call would only queue
+
+    async def run(self, rate: float, duration_s: float, timeout_s: float) -> tuple[int, float]:
+        """Offer ``rate`` calls/s for ``duration_s``; returns (sent, window from first due to last answer)."""
+        tasks: set[asyncio.Task[None]] = set()
+        total = int(rate * duration_s)
+        start = time.perf_counter() + 0.01
+        self.last_answer = start
+        sent = 0
+        while sent < total:
+            due = min(total, int((time.perf_counter() - start) * rate) + 1)
+            while sent < due:
+                self.send(start + sent / rate, tasks)
+                sent += 1
+            # Sleep at least 0.5 ms (uvloop's timers have 1 ms resolution): a burst of due calls is
+            # then sent together instead of the generator spinning, and each is still timed from
+            # its own due time.
+            await asyncio.sleep(max(0.0005, start + sent / rate - time.perf_counter()))
+        deadline = time.perf_counter() + timeout_s
+        while (self.busy or tasks) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.005)
+        self.errors += len(self.busy)  # unanswered within the timeout
+        for conn in [*self.idle, *self.busy]:
+            if conn.transport is not None:
+                conn.transport.close()
+        return total, max(self.last_answer - start, duration_s)
 
 
-def measure(server: Server, rows: int, rate: float, args: argparse.Namespace, body: bytes) -> RunResult:
+def offer(
+    server: Server,
+    rows: int,
+    rate: float,
+    duration_s: float,
+    args: argparse.Namespace,
+    request: bytes,
+    run: int,
+) -> StepResult:
     cpu0, wait0, gen0, wall0 = (
         server.cpu_s(),
         server.runqueue_wait_s(),
         time.process_time(),
         time.perf_counter(),
     )
-    latencies, sent, errors, lag, window = asyncio.run(
-        open_loop(server.port, body, rows, rate, args.duration_s, args.timeout_s, args.max_in_flight)
-    )
+    load = _OpenLoop(server.port, request, rows, args.max_in_flight)
+    sent, window = asyncio.run(load.run(rate, duration_s, args.timeout_s))
     wall = time.perf_counter() - wall0
-    cpu, gen = server.cpu_s() - cpu0, time.process_time() - gen0
-    wait = server.runqueue_wait_s() - wait0
-    ok = len(latencies)
-    q = np.quantile(np.array(latencies), [0.5, 0.9, 0.99]) * 1000 if latencies else [float("nan")] * 3
-    return RunResult(
+    cpu, gen, wait = server.cpu_s() - cpu0, time.process_time() - gen0, server.runqueue_wait_s() - wait0
+    ok = len(load.latencies)
+    q = np.quantile(np.array(load.latencies), [0.5, 0.99]) * 1000 if ok else [float("nan")] * 2
+    achieved = ok / window
+    passed = bool(
+        ok
+        and q[1] <= args.p99_ms
+        and load.errors <= 0.001 * sent
+        and ok >= 0.98 * sent
+        and achieved >= 0.98 * rate
+    )
+    return StepResult(
         server=server.name,
         rows=rows,
-        target_rps=rate,
+        run=run,
+        offered_rps=rate,
         sent=sent,
         ok=ok,
-        errors=errors,
-        achieved_rps=ok / window,
-        rows_per_s=ok * rows / window,
+        errors=load.errors,
+        achieved_rps=achieved,
         p50_ms=float(q[0]),
-        p90_ms=float(q[1]),
-        p99_ms=float(q[2]),
-        max_send_lag_ms=lag * 1000,
+        p99_ms=float(q[1]),
         server_cpu_us_per_call=cpu / ok * 1e6 if ok else float("nan"),
-        server_cpu_share=cpu / wall,
         server_wait_share=wait / wall,
         generator_cpu_share=gen / wall,
+        passed=passed,
     )
+
+
+def capacity(
+    server: Server, rows: int, args: argparse.Namespace, request: bytes, run: int
+) -> tuple[StepResult | None, list[StepResult]]:
+    """The highest passing step (None if even the lowest failed) and every step measured."""
+    probe = offer(server, rows, args.probe_rps, args.probe_s, args, request, run)
+    steps = [probe]
+    estimate = 1e6 / probe.server_cpu_us_per_call  # calls/s one core allows at this CPU cost
+    best: StepResult | None = None
+    fractions = list(args.fractions)
+    while fractions and len(steps) <= args.max_steps:
+        fraction = fractions.pop(0)
+        step = offer(server, rows, fraction * estimate, args.step_s, args, request, run)
+        steps.append(step)
+        print(f"  run {run} {describe(step)}", flush=True)
+        if not step.passed:
+            if best is None and fraction > 0.2:  # failed at the first rate: try lower ones
+                fractions.insert(0, fraction * 0.6)
+                continue
+            break
+        best = step
+        if not fractions:  # every listed rate passed: keep climbing
+            fractions.append(fraction * 1.15)
+    return best, steps
 
 
 def check_same_answers(servers: list[Server], rows: list[dict[str, Any]]) -> None:
-    answers = []
+    """Every prediction server answers the same rows with the same bits as itself one row at a time."""
     for server in servers:
-        response = httpx.post(server.url + "/predict/bulk/strict", json={"requests": rows}, timeout=30)
-        response.raise_for_status()
-        answers.append(np.array([[p["ttft_ms"], p["tpot_ms"]] for p in response.json()["predictions"]]))
-    for other in answers[1:]:
-        np.testing.assert_allclose(other, answers[0], rtol=1e-6)
+        bulk = httpx.post(server.url + "/predict/bulk/strict", json={"requests": rows}, timeout=30)
+        bulk.raise_for_status()
+        got = [(p["ttft_ms"], p["tpot_ms"]) for p in bulk.json()["predictions"]]
+        for row, expected in list(zip(rows, got, strict=True))[:20]:
+            one = httpx.post(server.url + "/predict", json=row, timeout=30).json()
+            assert (one["ttft_ms"], one["tpot_ms"]) == expected, server.name
 
 
 def main() -> None:
@@ -296,130 +374,115 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--duration-s", type=float, default=10.0)
-    parser.add_argument("--timeout-s", type=float, default=10.0)
-    parser.add_argument("--max-in-flight", type=int, default=256)
-    parser.add_argument("--trees", type=int, default=150)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--no-naive", action="store_true", help="skip the reference server")
+    parser.add_argument("--rows", default="1,10,100", help="rows per call, comma-separated")
+    parser.add_argument("--sizes", default="200x6,150x6", help="TREESxDEPTH per model of each server")
     parser.add_argument(
-        "--scenario",
-        action="append",
-        default=[],
-        metavar="ROWS:RATE",
-        help="rows per call and target calls/s (repeatable); default 10:1000 and 100:500",
+        "--fractions", default="0.6,0.8,0.95,1.1,1.25", help="of the rate the probe's CPU per call allows"
     )
-    parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument("--max-steps", type=int, default=9, help="rates tried per server and row count")
+    parser.add_argument("--probe-rps", type=float, default=300.0)
+    parser.add_argument("--probe-s", type=float, default=2.0)
+    parser.add_argument("--step-s", type=float, default=4.0)
+    parser.add_argument("--p99-ms", type=float, default=50.0)
+    parser.add_argument("--timeout-s", type=float, default=5.0)
+    parser.add_argument("--max-in-flight", type=int, default=256)
+    parser.add_argument("--json", type=Path, help="also write every step's figures here")
     args = parser.parse_args()
-    scenarios = [(int(r), float(q)) for r, q in (s.split(":") for s in args.scenario)] or list(SCENARIOS)
+    args.fractions = [float(f) for f in args.fractions.split(",")]
+    row_counts = [int(n) for n in args.rows.split(",")]
     os.sched_setaffinity(0, {1})
 
     import uvloop
 
     workdir = Path(tempfile.mkdtemp(prefix="prediction-bench-"))
-    store = ModelStore(workdir / "store")
-    version = publish_benchmark_model(store, args.trees, args.depth)
-    print(f"model {version}: {args.trees} trees x depth {args.depth} per model; store {store.root}")
-    ours_port = free_port()
-    ours_args = ["--port", str(ours_port), "--store", str(store.root), "--log-level", "warning"]
-    servers = [
-        Server(
-            "prediction_server",
-            ["-m", "prediction_server", *ours_args],
-            ours_port,
-            workdir / "prediction_server.log",
-        )
-    ]
-    if not args.no_naive:
-        naive_port = free_port()
-        servers.append(
-            Server(
-                "naive",
-                ["bench/naive_prediction_server.py", "--port", str(naive_port), "--store", str(store.root)],
-                naive_port,
-                workdir / "naive.log",
-            )
-        )
-    results: list[RunResult] = []
+    servers: list[Server] = []
+    results: list[StepResult] = []
+    best: dict[tuple[str, int, int], StepResult | None] = {}
     try:
-        check_same_answers(servers, make_rows(200, 99))
-        bodies = {rows: orjson.dumps({"requests": make_rows(rows, rows)}) for rows, _ in scenarios}
+        port = free_port()
+        servers.append(
+            Server(FLOOR, ["bench/floor_server.py", "--port", str(port)], port, workdir / "floor.log")
+        )
+        for size in args.sizes.split(","):
+            trees, depth = (int(v) for v in size.split("x"))
+            store = ModelStore(workdir / f"store-{size}")
+            version = publish_benchmark_model(store, trees, depth)
+            port = free_port()
+            command = ["-m", "prediction_server", "--port", str(port), "--store", str(store.root)]
+            servers.append(
+                Server(
+                    f"ours-{size}", [*command, "--log-level", "warning"], port, workdir / f"ours-{size}.log"
+                )
+            )
+            status = httpx.get(servers[-1].url + "/status").json()
+            print(f"ours-{size}: version {version}, evaluator {status['evaluator']}", flush=True)
+        check_same_answers(servers[1:], make_rows(100, 99))
+        requests = {}
+        for rows in row_counts:
+            body = orjson.dumps({"requests": make_rows(rows, rows)})
+            requests[rows] = (
+                b"POST /predict/bulk/strict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         for server in servers:  # warm up connections, caches and allocators
-            measure(
-                server,
-                scenarios[0][0],
-                200.0,
-                argparse.Namespace(**{**vars(args), "duration_s": 2.0}),
-                bodies[scenarios[0][0]],
-            )
-        for run in range(args.runs):
-            for rows, rate in scenarios:
+            offer(server, row_counts[0], 200.0, 1.0, args, requests[row_counts[0]], 0)
+        for run in range(1, args.runs + 1):
+            for rows in row_counts:
                 for server in servers:
-                    result = measure(server, rows, rate, args, bodies[rows])
-                    results.append(result)
-                    print(f"run {run + 1} {describe(result)}", flush=True)
+                    top, steps = capacity(server, rows, args, requests[rows], run)
+                    results.extend(steps)
+                    best[(server.name, rows, run)] = top
     finally:
         for server in servers:
             server.stop()
-    print_summary(results, scenarios, [s.name for s in servers])
+    print_summary(best, row_counts, [s.name for s in servers], args.runs)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
 
 
-def describe(r: RunResult) -> str:
+def describe(r: StepResult) -> str:
     return (
-        f"{r.server:17s} {r.rows:4d} rows @ {r.target_rps:6.0f}/s: {r.achieved_rps:7.1f} calls/s "
-        f"{r.rows_per_s:8.0f} rows/s p50 {r.p50_ms:7.2f} p90 {r.p90_ms:7.2f} p99 {r.p99_ms:8.2f} ms "
-        f"errors {r.errors:5d} | server cpu {r.server_cpu_us_per_call:6.0f} us/call, busy "
-        f"{r.server_cpu_share:4.0%}, waited for its core {r.server_wait_share:4.0%} | generator cpu "
-        f"{r.generator_cpu_share:4.0%}, max send lag {r.max_send_lag_ms:.0f} ms"
+        f"{r.server:12s} {r.rows:4d} rows @ {r.offered_rps:7.0f}/s: {r.achieved_rps:7.0f} calls/s "
+        f"p50 {r.p50_ms:6.2f} p99 {r.p99_ms:7.2f} ms errors {r.errors:5d} | server cpu "
+        f"{r.server_cpu_us_per_call:5.0f} us/call, waited {r.server_wait_share:4.0%} | generator cpu "
+        f"{r.generator_cpu_share:4.0%} | {'pass' if r.passed else 'FAIL'}"
     )
 
 
-def print_summary(results: list[RunResult], scenarios: list[tuple[int, float]], names: list[str]) -> None:
-    print("\nmedians over runs:")
+def print_summary(
+    best: dict[tuple[str, int, int], StepResult | None], row_counts: list[int], names: list[str], runs: int
+) -> None:
+    def med(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
+    print(f"\nmedians over {runs} runs (capacity: highest passing offered rate, its answered calls/s):")
     print(
-        "| server | rows/call | target calls/s | calls/s | rows/s | p50 ms | p90 ms | p99 ms | errors "
-        "| server CPU µs/call | server waited for its core | generator CPU |"
+        "| server | rows/call | calls/s | p99 ms | server CPU µs/call | calls/s vs floor "
+        "| floor CPU / our CPU | generator CPU | server waited |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    medians: dict[tuple[str, int], dict[str, float]] = {}
-    for rows, rate in scenarios:
+    print("|---|---|---|---|---|---|---|---|---|")
+    for rows in row_counts:
         for name in names:
-            runs = [r for r in results if r.server == name and r.rows == rows and r.target_rps == rate]
-            m = {
-                key: statistics.median(getattr(r, key) for r in runs)
-                for key in (
-                    "achieved_rps",
-                    "rows_per_s",
-                    "p50_ms",
-                    "p90_ms",
-                    "p99_ms",
-                    "errors",
-                    "server_cpu_us_per_call",
-                    "server_wait_share",
-                    "generator_cpu_share",
-                )
-            }
-            medians[(name, rows)] = m
-            print(
-                f"| {name} | {rows} | {rate:.0f} | {m['achieved_rps']:.0f} | {m['rows_per_s']:.0f} "
-                f"| {m['p50_ms']:.2f} | {m['p90_ms']:.2f} | {m['p99_ms']:.2f} | {m['errors']:.0f} "
-                f"| {m['server_cpu_us_per_call']:.0f} | {m['server_wait_share']:.0%} "
-                f"| {m['generator_cpu_share']:.0%} |"
-            )
-    if len(names) > 1:
-        ours, naive = names[0], names[1]
-        for rows, _ in scenarios:
-            a, b = medians[(ours, rows)], medians[(naive, rows)]
-            rate_ratio = a["achieved_rps"] / max(b["achieved_rps"], 1e-9)
-            cost_ratio = b["server_cpu_us_per_call"] / a["server_cpu_us_per_call"]
-            print(
-                f"{rows} rows/call, same offered load: {ours} answered {rate_ratio:.1f}x the calls/s of "
-                f"{naive}, spending {cost_ratio:.1f}x less server CPU per call; "
-                f"p99 {a['p99_ms']:.1f} ms vs {b['p99_ms']:.1f} ms"
-            )
+            tops = [best[(name, rows, run)] for run in range(1, runs + 1)]
+            ratios, cpu_ratios = [], []
+            for run, top in enumerate(tops, start=1):
+                floor = best[(FLOOR, rows, run)]
+                if top is not None and floor is not None:
+                    ratios.append(top.achieved_rps / floor.achieved_rps)
+                    cpu_ratios.append(floor.server_cpu_us_per_call / top.server_cpu_us_per_call)
+            got = [t for t in tops if t is not None]
+            cells = [
+                f"{med([t.achieved_rps for t in got]):.0f}",
+                f"{med([t.p99_ms for t in got]):.1f}",
+                f"{med([t.server_cpu_us_per_call for t in got]):.0f}",
+                f"{med(ratios):.0%}",
+                f"{med(cpu_ratios):.0%}",
+                f"{med([t.generator_cpu_share for t in got]):.0%}",
+                f"{med([t.server_wait_share for t in got]):.0%}",
+            ]
+            print(f"| {name} | {rows} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Per-call latency of CompiledForest against XGBoost's own predictors, single-threaded.
+"""Per-call latency of the JIT and numpy evaluators against XGBoost's own predictors, single-threaded.
 
 Run from the repository root:
 
@@ -6,7 +6,8 @@ Run from the repository root:
 
 Trains a TTFT-like (quantile, alpha 0.9) and a TPOT-like (squared error) model on random data,
 checks that the margins agree, then times one call on n rows for
-  compiled  CompiledForest.predict_margin(ndarray)
+  jit       JitForests.predict_margins(ndarray), the served evaluator (numba), this model alone
+  compiled  CompiledForest.predict_margin(ndarray), the numpy fallback
   inplace   Booster.inplace_predict(ndarray, predict_type="margin") with nthread=1
   pandas    XGBRegressor(n_jobs=1).predict(DataFrame), the naive reference (DataFrame prebuilt)
 Each cell is the median over `--runs` runs of the median per-call time within a run; the three
@@ -34,6 +35,7 @@ import xgboost as xgb
 
 # `python bench/tree_eval.py` puts bench/ (not the repository root) on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from prediction_server.jit_forest import JitForests
 from prediction_server.trees import CompiledForest
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -78,24 +80,28 @@ def _bench_model(name: str, args: argparse.Namespace, rows: list[int], rng: np.r
     model, frame = _train(MODELS[name], args)
     booster = model.get_booster()
     forest = CompiledForest.from_booster(booster)
+    jit = JitForests.from_boosters([booster])
     print(
         f"\n{name}: {MODELS[name]['objective']}, {forest.num_trees} trees, max depth "
         f"{forest.max_depth}, {forest.num_features} features"
     )
     print(
-        f"{'rows':>6} {'compiled_us':>12} {'inplace_us':>11} {'pandas_us':>10}"
-        f" {'inplace/compiled':>17} {'pandas/compiled':>16} {'compiled_us/row':>16}"
+        f"{'rows':>6} {'jit_us':>8} {'compiled_us':>12} {'inplace_us':>11} {'pandas_us':>10}"
+        f" {'compiled/jit':>13} {'inplace/jit':>12} {'pandas/jit':>11} {'jit_us/row':>11}"
     )
     for n in rows:
         X = np.ascontiguousarray(rng.normal(size=(n, args.features)).astype(np.float32) * 1.5)
         query = pd.DataFrame(X, columns=frame.columns)
         reference = booster.inplace_predict(X, predict_type="margin")
+        if not np.array_equal(jit.predict_margins(X)[0], reference):
+            raise SystemExit(f"{name}: JIT margins differ from XGBoost at n={n}")
         if not np.allclose(forest.predict_margin(X), reference, rtol=1e-5, atol=1e-5):
             raise SystemExit(f"{name}: margins differ from XGBoost at n={n}")
         if not np.allclose(model.predict(query, output_margin=True), reference, rtol=1e-5, atol=1e-5):
             raise SystemExit(f"{name}: XGBRegressor.predict differs from inplace_predict at n={n}")
         us = _timings_us(
             {
+                "jit": partial(jit.predict_margins, X),
                 "compiled": partial(forest.predict_margin, X),
                 "inplace": partial(booster.inplace_predict, X, predict_type="margin"),
                 "pandas": partial(model.predict, query),
@@ -104,9 +110,9 @@ def _bench_model(name: str, args: argparse.Namespace, rows: list[int], rng: np.r
             args.run_seconds,
         )
         print(
-            f"{n:>6} {us['compiled']:>12.1f} {us['inplace']:>11.1f} {us['pandas']:>10.1f}"
-            f" {us['inplace'] / us['compiled']:>17.2f} {us['pandas'] / us['compiled']:>16.2f}"
-            f" {us['compiled'] / n:>16.2f}"
+            f"{n:>6} {us['jit']:>8.1f} {us['compiled']:>12.1f} {us['inplace']:>11.1f} {us['pandas']:>10.1f}"
+            f" {us['compiled'] / us['jit']:>13.2f} {us['inplace'] / us['jit']:>12.2f}"
+            f" {us['pandas'] / us['jit']:>11.2f} {us['jit'] / n:>11.2f}"
         )
 
 

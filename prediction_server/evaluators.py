@@ -1,78 +1,61 @@
-"""How the trees of a model are evaluated on the hot path, one thread per process.
+"""How the trees of a model version are evaluated on the hot path, one thread per process.
 
-``compile_forest(booster)`` is the one place that chooses the evaluator of a loaded model.
-Every evaluator returns XGBoost's own float32 margins. A compiled evaluator is trusted only
-after it reproduced ``Booster.inplace_predict`` on the probe matrix; otherwise XGBoost serves.
+``compile_forests(boosters, probe, what)`` is the one place that chooses the evaluator of a
+loaded version (its TTFT and TPOT boosters together). Every evaluator returns XGBoost's own
+float32 margins, and a candidate is trusted only after it reproduced ``Booster.inplace_predict``
+on the probe matrix; otherwise the next one serves:
 
-XGBoost's ``inplace_predict`` has a fixed cost per call (~300 µs: ~150 µs of Python argument
-handling, the rest in C++) that dwarfs the tree walk of the 5-100 rows of a scheduler's call,
-while a vectorised numpy walk (``trees.CompiledForest``) costs little per call but more per
-row. ``AdaptiveForest`` therefore sends small batches to the compiled form and large ones to
-XGBoost's C predictor called directly, at a crossover measured for each model when it is
-loaded (it depends on the number and depth of the trees). All give the same margins, so the
-choice only affects speed.
+1. ``jit_forest.JitForests``: every model's trees in one numba-compiled pass, bit-identical to
+   XGBoost, fastest at every batch size (bench/tree_eval.py). Needs numba; its machine code is
+   cached on disk, and the probe check compiles or loads it before the version is served.
+2. Without numba (or for a model it does not support, e.g. deeper than ``jit_forest.MAX_DEPTH``),
+   each model alone: the vectorised numpy walk (``trees.CompiledForest``) up to
+   ``NUMPY_MAX_ROWS`` rows, XGBoost's C predictor called directly above, XGBoost's public API
+   if neither reproduces it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import sys
-import time
-from functools import cache
-from types import ModuleType
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from prediction_server.jit_forest import JitForests, jit_available
 from prediction_server.trees import CompiledForest
 from shared.errors import ArtifactError
 from shared.features import NUM_FEATURES
 from shared.logging import log_event
+from shared.xgboost_import import import_xgboost
 
 log = logging.getLogger(__name__)
 
-# Bounds of the measured crossover (rows): below the lower one the compiled walk always wins,
-# and the upper one is the bulk row limit.
-MIN_CROSSOVER_ROWS = 16
-MAX_CROSSOVER_ROWS = 10_000
-_CALIBRATION_ROWS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-_CALIBRATION_REPEATS = 5
+# Batches up to this many rows go to the numpy walk, larger ones to XGBoost's C predictor, when
+# the JIT evaluator is unavailable. A constant: the per-model measurement this replaces found
+# 104-142 rows for the same 150-200-tree, depth-6 models from one load to the next (noise), and
+# the two cost about the same over that range.
+NUMPY_MAX_ROWS = 112
 
 
 class Forest(Protocol):
-    """Anything that turns a float32 ``(n, NUM_FEATURES)`` matrix into float32 XGBoost margins."""
+    """Anything that turns a float32 ``(n, NUM_FEATURES)`` matrix into one model's float32 margins."""
 
     def predict_margin(self, features: np.ndarray) -> np.ndarray: ...
+
+
+class Forests(Protocol):
+    """A version's models together: one float32 margin array per model, in the boosters' order."""
+
+    name: str
+
+    def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]: ...
 
 
 def evaluator_name(forest: Forest) -> str:
     """A short description of an evaluator, for /status and logs."""
     return str(getattr(forest, "name", type(forest).__name__))
-
-
-@cache
-def import_xgboost() -> ModuleType:
-    """Import xgboost for serving, without its optional scikit-learn integration.
-
-    When scikit-learn is installed, ``import xgboost`` imports it eagerly to define the sklearn
-    estimator classes, and scikit-learn drags pandas and most of scipy into the process: about a
-    second of start-up and ~100 MB per worker, none of it used to serve predictions. A ``None``
-    entry in ``sys.modules`` makes that optional import fail the way a missing package does, and
-    xgboost falls back to its dummy base classes. The entry is removed right after, so a later
-    explicit ``import sklearn`` still works.
-    """
-    if "xgboost" in sys.modules or "sklearn" in sys.modules:
-        import xgboost
-
-        return xgboost
-    sys.modules["sklearn"] = None  # type: ignore[assignment]
-    try:
-        import xgboost
-    finally:
-        if sys.modules.get("sklearn", 0) is None:
-            del sys.modules["sklearn"]
-    return xgboost
 
 
 def load_booster(raw: bytes, what: str) -> Any:
@@ -165,91 +148,100 @@ class AdaptiveForest:
         return self._large.predict_margin(features)
 
 
-def compile_forest(booster: Any, probe: np.ndarray, what: str) -> Forest:
-    """The evaluator used to serve ``booster``'s trees (the one place that chooses it).
+class SeparateForests:
+    """One evaluator per model, called one after the other."""
 
-    Candidates must reproduce ``Booster.inplace_predict`` on ``probe`` (a feature matrix
-    covering the input ranges) to be used; XGBoost's public API is the fallback for everything.
+    def __init__(self, forests: Sequence[Forest]) -> None:
+        self.forests = tuple(forests)
+        self.name = "+".join(sorted({evaluator_name(forest) for forest in self.forests}))
+
+    def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(forest.predict_margin(features) for forest in self.forests)
+
+
+def compile_forests(
+    boosters: Sequence[Any], probe: np.ndarray, what: Sequence[str], *, jit: bool = True
+) -> Forests:
+    """The evaluator used to serve a version's ``boosters`` (the one place that chooses it).
+
+    ``what`` names each booster for logs. ``jit=False`` skips the JIT evaluator (tests of the
+    fallback). Every candidate must reproduce ``Booster.inplace_predict`` on ``probe`` (a feature
+    matrix covering the input ranges); XGBoost's public API is the fallback for everything.
     """
+    expected = [BoosterForest(booster).predict_margin(probe) for booster in boosters]
+    if jit and jit_available():
+        joint = _candidate(JitForests.from_boosters, boosters, "+".join(what))
+        if joint is not None and _reproduces(joint, expected, probe, "+".join(what)):
+            return joint
+    return SeparateForests(
+        [compile_forest(b, probe, name, e) for b, name, e in zip(boosters, what, expected, strict=True)]
+    )
+
+
+def compile_forest(booster: Any, probe: np.ndarray, what: str, expected: np.ndarray | None = None) -> Forest:
+    """One model's evaluator without the JIT: the numpy walk for small batches, XGBoost's C
+    predictor for large ones, each only if it reproduces ``Booster.inplace_predict`` on ``probe``."""
     reference = BoosterForest(booster)
-    expected = reference.predict_margin(probe)
+    if expected is None:
+        expected = reference.predict_margin(probe)
     large = verified(_candidate(NativeBoosterForest, booster, what), expected, probe, what) or reference
     small = verified(_candidate(CompiledForest.from_booster, booster, what), expected, probe, what)
     if small is None:
         return large
-    return AdaptiveForest(small, large, crossover_rows(small, large, probe))
+    return AdaptiveForest(small, large, NUMPY_MAX_ROWS)
 
 
 def verified(candidate: Forest | None, expected: np.ndarray, probe: np.ndarray, what: str) -> Forest | None:
     """``candidate`` if its margins on ``probe`` equal ``expected`` (XGBoost's), else ``None``."""
     if candidate is None:
         return None
-    try:
-        got = candidate.predict_margin(probe)
-    except Exception as exc:
-        log_event(
-            log,
-            "evaluator_failed",
-            logging.WARNING,
-            model=what,
-            evaluator=evaluator_name(candidate),
-            error=repr(exc),
-        )
-        return None
-    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-6, atol=1e-6):
-        worst = float(np.max(np.abs(got - expected))) if got.shape == expected.shape else None
-        log_event(
-            log,
-            "evaluator_mismatch",
-            logging.WARNING,
-            model=what,
-            evaluator=evaluator_name(candidate),
-            max_abs_diff=worst,
-        )
-        return None
-    return candidate
+    ok = _reproduces(_Single(candidate), [expected], probe, what, name=evaluator_name(candidate), exact=False)
+    return candidate if ok else None
 
 
-def _candidate(build: Any, booster: Any, what: str) -> Forest | None:
+class _Single:
+    def __init__(self, forest: Forest) -> None:
+        self._forest = forest
+
+    def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (self._forest.predict_margin(features),)
+
+
+def _reproduces(
+    candidate: Any,
+    expected: Sequence[np.ndarray],
+    probe: np.ndarray,
+    what: str,
+    *,
+    name: str | None = None,
+    exact: bool = True,
+) -> bool:
+    """Whether ``candidate.margins(probe)`` equals ``expected``: bit for bit when ``exact`` (the
+    JIT evaluator's promise), else within 1e-6 (the numpy walk's documented tolerance)."""
+    name = name or str(getattr(candidate, "name", type(candidate).__name__))
     try:
-        forest: Forest = build(booster)
+        got = candidate.margins(probe)
+    except Exception as exc:  # a compile or load failure of the evaluator, whatever its kind
+        log_event(log, "evaluator_failed", logging.WARNING, model=what, evaluator=name, error=repr(exc))
+        return False
+    same = len(got) == len(expected) and all(
+        g.shape == e.shape and (np.array_equal(g, e) if exact else np.allclose(g, e, rtol=1e-6, atol=1e-6))
+        for g, e in zip(got, expected, strict=False)
+    )
+    if not same:
+        worst = [
+            float(np.max(np.abs(g - e))) if g.shape == e.shape else None
+            for g, e in zip(got, expected, strict=False)
+        ]
+        log_event(log, "evaluator_mismatch", logging.WARNING, model=what, evaluator=name, max_abs_diff=worst)
+    return same
+
+
+def _candidate(build: Callable[[Any], Any], source: Any, what: str) -> Any:
+    try:
+        return build(source)
     except (ValueError, AttributeError, OSError) as exc:  # e.g. a model form it does not support
         log_event(
             log, "evaluator_unsupported", logging.INFO, model=what, builder=repr(build), reason=str(exc)
         )
         return None
-    return forest
-
-
-def crossover_rows(small: Forest, large: Forest, probe: np.ndarray) -> int:
-    """The largest batch for which ``small`` is faster than ``large``, measured.
-
-    Batch sizes double from ``MIN_CROSSOVER_ROWS`` until ``small`` loses; the crossover is
-    interpolated between the last win and the first loss (costs are not linear in rows, so a fit
-    from two sizes would misplace it).
-    """
-    last_win: tuple[int, float] | None = None
-    for n in _CALIBRATION_ROWS:
-        matrix = _rows(probe, n)
-        lead_s = _best_time_s(small, matrix) - _best_time_s(large, matrix)  # < 0: small wins
-        if lead_s >= 0:
-            if last_win is None:
-                return MIN_CROSSOVER_ROWS
-            n0, lead0 = last_win
-            return int(n0 + (n - n0) * -lead0 / (lead_s - lead0))
-        last_win = (n, lead_s)
-    return MAX_CROSSOVER_ROWS
-
-
-def _rows(probe: np.ndarray, n: int) -> np.ndarray:
-    return np.ascontiguousarray(np.resize(probe, (n, probe.shape[1])))
-
-
-def _best_time_s(forest: Forest, matrix: np.ndarray) -> float:
-    # The minimum of a few repeats: noise (other threads, other processes) only adds time.
-    best = float("inf")
-    for _ in range(_CALIBRATION_REPEATS):
-        started = time.perf_counter()
-        forest.predict_margin(matrix)
-        best = min(best, time.perf_counter() - started)
-    return best

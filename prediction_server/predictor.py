@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from prediction_server.evaluators import Forest, compile_forest, evaluator_name, import_xgboost, load_booster
+from prediction_server.evaluators import Forests, compile_forests, load_booster
 from shared.artifacts import (
     MODEL_NAMES,
     Manifest,
@@ -34,6 +34,7 @@ from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.identity import MODEL_TYPE
 from shared.prior import build_prior_models, synthetic_columns
+from shared.xgboost_import import import_xgboost
 
 BUILTIN_PRIOR_VERSION = "builtin-prior"
 PROBE_SEED = 7
@@ -64,7 +65,8 @@ class Predictor:
     """One accepted model version; immutable after construction."""
 
     manifest: Manifest
-    forests: dict[str, Forest]
+    # Every model's trees, evaluated together (MODEL_NAMES order); shared by recalibrated versions.
+    forests: Forests
     loaded_at: datetime
     evaluator: str
     # The fields every prediction of this version shares, built once.
@@ -93,8 +95,9 @@ class Predictor:
     def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """TTFT and TPOT in milliseconds (float64, non-negative) for a float32 feature matrix."""
         specs = self.manifest.models
-        ttft = served_latency_ms(self.forests["ttft"].predict_margin(features), features, specs["ttft"])
-        tpot = served_latency_ms(self.forests["tpot"].predict_margin(features), features, specs["tpot"])
+        ttft_margin, tpot_margin = self.forests.margins(features)
+        ttft = served_latency_ms(ttft_margin, features, specs["ttft"])
+        tpot = served_latency_ms(tpot_margin, features, specs["tpot"])
         return ttft, tpot
 
     def same_trees(self, manifest: Manifest) -> bool:
@@ -132,13 +135,13 @@ class Predictor:
             raise ArtifactError(
                 f"version {manifest.version}: bad objective {manifest.objective!r}/{manifest.quantile!r}"
             )
-        forests: dict[str, Forest] = {}
-        evaluators = set()
-        for name in MODEL_NAMES:
-            booster = load_booster(model_set.files[name], f"version {manifest.version} model {name}")
-            forest = compile_forest(booster, probe_matrix(), f"{manifest.version}/{name}")
-            forests[name] = forest
-            evaluators.add(evaluator_name(forest))
+        boosters = [
+            load_booster(model_set.files[name], f"version {manifest.version} model {name}")
+            for name in MODEL_NAMES
+        ]
+        forests = compile_forests(
+            boosters, probe_matrix(), [f"{manifest.version}/{name}" for name in MODEL_NAMES]
+        )
         loaded_at = datetime.now(UTC)
         constants = {
             "model_type": MODEL_TYPE,
@@ -148,7 +151,7 @@ class Predictor:
             "model_version": manifest.version,
             "model_kind": manifest.kind,
         }
-        predictor = cls(manifest, forests, loaded_at, "+".join(sorted(evaluators)), constants)
+        predictor = cls(manifest, forests, loaded_at, forests.name, constants)
         predictor.self_test()
         return predictor
 
@@ -170,7 +173,7 @@ def builtin_prior_model_set(quantile: float) -> ModelSet:
 
     Deterministic, so it is fitted once per process and quantile.
     """
-    xgb = import_xgboost()  # first, so that build_prior_models' own import finds it loaded
+    xgb = import_xgboost()
     models, transforms = build_prior_models(quantile)
     manifest = Manifest(
         version=BUILTIN_PRIOR_VERSION,

@@ -12,7 +12,7 @@ all finish after `max_depth` steps.
 
 Encoding: numpy gathers cost far more than elementwise ops, so each step does only two: one
 packed int64 per node and one input value. Inputs and thresholds are mapped to order-preserving
-integer keys in [0, 2^32) (`_order_keys`), and a node packs
+integer keys in [0, 2^32) (`order_keys`), and a node packs
     feature + ((first_child + 1) << (B + 32)) - (threshold_key << B)        (B = feature bits)
 so that `(packed + (x_key << B)) >> (B + 32)` is first_child + 1 when x_key >= threshold_key
 (the low 32+B bits stay non-negative) and first_child otherwise (they borrow one). A leaf packs
@@ -93,30 +93,13 @@ class CompiledForest:
 
     @classmethod
     def _from_model(cls, model: Any) -> CompiledForest:
-        try:
-            learner = model["learner"]
-            params = learner["learner_model_param"]
-            objective = learner["objective"]["name"]
-            gbm = learner["gradient_booster"]
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not an XGBoost JSON model: missing {exc}") from exc
-        if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1:
-            raise ValueError("multi-output models (num_target > 1 or num_class > 1) are not supported")
-        if gbm.get("name") != "gbtree":
-            raise ValueError(f"only 'gbtree' boosters are supported, got {gbm.get('name')!r}")
-        if objective not in _IDENTITY_LINK_OBJECTIVES:
-            raise ValueError(
-                f"objective {objective!r} is not supported; expected one of "
-                f"{sorted(_IDENTITY_LINK_OBJECTIVES)}"
-            )
-        num_features = int(params["num_feature"])
-        base_score = _parse_base_score(params["base_score"])
+        num_features, base_score, trees = read_gbtree_model(model)
 
         roots: list[int] = []
         parts: list[_TreeTables] = []
         max_depth = 0
         offset = 0
-        for tree in gbm["model"]["trees"]:
+        for tree in trees:
             depth, arrays = _compile_tree(tree, num_features, offset)
             roots.append(offset)
             parts.append(arrays)
@@ -157,7 +140,7 @@ class CompiledForest:
             low, high = np.float32(-np.inf), np.float32(np.inf)
             X = np.concatenate((np.where(missing, low, X), np.where(missing, high, X)), axis=1)
             step = self._step_if_missing
-        keys = _order_keys(X)
+        keys = order_keys(X)
         keys <<= self._feature_bits
         n = X.shape[0]
         rows_per_block = max(1, _BLOCK_ELEMENTS // self.num_trees)
@@ -190,6 +173,31 @@ class CompiledForest:
         # accumulate (not sum) keeps XGBoost's strictly sequential float32 order; np.sum would
         # use pairwise summation and differ in the last bit.
         return np.add.accumulate(terms, axis=0)[-1]
+
+
+def read_gbtree_model(model: Any) -> tuple[int, np.float32, list[Any]]:
+    """``(num_features, base_score, trees)`` of a parsed XGBoost JSON model that the compiled
+    evaluators support (one output, gbtree, an identity-link objective); ``ValueError`` otherwise."""
+    try:
+        learner = model["learner"]
+        params = learner["learner_model_param"]
+        objective = learner["objective"]["name"]
+        gbm = learner["gradient_booster"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not an XGBoost JSON model: missing {exc}") from exc
+    if int(params.get("num_target", "1")) != 1 or int(params.get("num_class", "0")) > 1:
+        raise ValueError("multi-output models (num_target > 1 or num_class > 1) are not supported")
+    if gbm.get("name") != "gbtree":
+        raise ValueError(f"only 'gbtree' boosters are supported, got {gbm.get('name')!r}")
+    if objective not in _IDENTITY_LINK_OBJECTIVES:
+        raise ValueError(
+            f"objective {objective!r} is not supported; expected one of {sorted(_IDENTITY_LINK_OBJECTIVES)}"
+        )
+    try:
+        trees = list(gbm["model"]["trees"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not an XGBoost JSON model: missing {exc}") from exc
+    return int(params["num_feature"]), _parse_base_score(params["base_score"]), trees
 
 
 def _compile_tree(tree: Any, num_features: int, offset: int) -> tuple[int, _TreeTables]:
@@ -244,7 +252,7 @@ def _compile_tree(tree: Any, num_features: int, offset: int) -> tuple[int, _Tree
     return len(levels) - 1, (feature, default_right, threshold, first_child, leaf_value)
 
 
-def _order_keys(values: FloatArray) -> IntArray:
+def order_keys(values: FloatArray) -> IntArray:
     """Map non-NaN float32 to int64 in [0, 2^32) so that a >= b exactly when key(a) >= key(b)."""
     # Adding +0.0 turns -0.0 into +0.0: they compare equal, so they must share a key.
     bits = (values + np.float32(0.0)).view(np.int32).astype(np.int64)
@@ -257,7 +265,7 @@ def _pack(feature: IntArray, threshold: FloatArray, first_child: IntArray, featu
     """One int64 per node for the step described in the module docstring."""
     internal = ~np.isnan(threshold)
     node = np.arange(threshold.size, dtype=np.int64)
-    key = _order_keys(np.where(internal, threshold, np.float32(0.0)))
+    key = order_keys(np.where(internal, threshold, np.float32(0.0)))
     shift = feature_bits + 32
     return np.where(internal, feature + ((first_child + 1) << shift) - (key << feature_bits), node << shift)
 

@@ -322,6 +322,7 @@ class ModelStore:
         training_samples: dict[str, int] | None = None,
         metrics: dict[str, Any] | None = None,
         xgboost_version: str = "",
+        regime_offsets: dict[str, RegimeOffsets | None] | None = None,
     ) -> Manifest:
         """Write a new immutable version, switch ``CURRENT`` to it atomically and prune old versions."""
         specs = {
@@ -332,6 +333,7 @@ class ModelStore:
                 target_transform=(target_transforms or {}).get(name, "log1p"),
                 calibration_offset=float((calibration_offsets or {}).get(name, 0.0)),
                 baseline=(baselines or {}).get(name),
+                regime_offsets=(regime_offsets or {}).get(name),
             )
             for name, data in models.items()
         }

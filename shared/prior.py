@@ -16,6 +16,7 @@ import numpy as np
 from shared.artifacts import ModelStore, TargetTransform, to_margin_target
 from shared.features import build_features
 from shared.schemas import Columns
+from shared.xgboost_import import import_xgboost
 
 PRIOR_SEED = 20261130
 PRIOR_ROWS = 12_000
@@ -60,7 +61,7 @@ def synthetic_columns(rows: int, rng: np.random.Generator) -> Columns:
 
 def build_prior_models(quantile: float = 0.9) -> tuple[dict[str, bytes], dict[str, TargetTransform]]:
     """Fit the prior into XGBoost models; returns native UBJSON bytes and target transforms."""
-    import xgboost as xgb  # imported lazily: schema-only users of shared need not load it
+    xgb = import_xgboost()  # lazily: schema-only users of shared need not load it
 
     rng = np.random.default_rng(PRIOR_SEED)
     columns = synthetic_columns(PRIOR_ROWS, rng)
@@ -86,7 +87,7 @@ def build_prior_models(quantile: float = 0.9) -> tuple[dict[str, bytes], dict[st
 
 def publish_prior(store: ModelStore, quantile: float = 0.9, objective: str = "quantile") -> str:
     """Publish the prior as a new version of ``store`` (used when the store is empty)."""
-    import xgboost as xgb
+    xgb = import_xgboost()
 
     models, transforms = build_prior_models(quantile)
     manifest = store.publish(

@@ -4,9 +4,10 @@ Two consumers share these bins, so they live here, in one place:
 
 - the training window's strata (``training_server.window``) use the fine edges
   ``WAITING_EDGES`` x ``KV_EDGES`` (plus prefix score and pod type);
-- online calibration uses a coarsening of the same edges (``DEFAULT_SCHEME``: 4 queue bins x
-  3 KV bins = 12 regimes), few enough that every regime sees samples within seconds under
-  load and that per-regime Prometheus series stay few.
+- online calibration uses the same queue edges and a coarser KV split (``DEFAULT_SCHEME``: 7
+  queue bins x 2 KV bins = 14 regimes): latency grows with the queue bin by bin, so each bin
+  is calibrated on its own, while KV use matters mostly near the top (preemption); few enough
+  regimes that busy ones see samples within seconds and per-regime Prometheus series stay few.
 
 A scheme is recorded with the offsets in the model manifest (``RegimeOffsets``), so the
 training server and every replica map a feature row to the same regime even if the default
@@ -48,7 +49,7 @@ class RegimeScheme:
         return (waiting * (len(self.kv_edges) + 1) + kv).astype(np.int64)
 
     def label(self, regime: int) -> str:
-        """A short readable name such as ``waiting=4-15 kv=0.5-0.9``."""
+        """A short readable name such as ``waiting=4-7 kv=0-0.9``."""
         waiting, kv = divmod(int(regime), len(self.kv_edges) + 1)
         return f"waiting={_range(self.waiting_edges, waiting, True)} kv={_range(self.kv_edges, kv, False)}"
 
@@ -63,7 +64,7 @@ def _range(edges: tuple[float, ...], index: int, integer: bool) -> str:
     return f"{lo:g}-1" if index == len(edges) else f"{lo:g}-{float(edges[index]):g}"
 
 
-DEFAULT_SCHEME = RegimeScheme(waiting_edges=(1.0, 4.0, 16.0), kv_edges=(0.5, 0.9))
+DEFAULT_SCHEME = RegimeScheme(waiting_edges=tuple(float(v) for v in WAITING_EDGES), kv_edges=(0.9,))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ like the trainer, then per batch:
    (``training_server.drift``); a drift event is logged, counted and asks for a retrain now.
    Live figures describe the current trees: they restart when a retrain publishes new ones, and
    no drift is looked for while the prior serves;
-4. feeds the residuals against the current trees to the per-regime calibrator
+4. feeds the residuals against the current trees to the per-regime quantile trackers
    (``training_server.online_calibration``) and, at most once per
    ``calibration_publish_interval_s`` and only when an offset moved by ``calibration_min_shift``,
    publishes a calibration version: the same model files with new ``regime_offsets``.
@@ -29,7 +29,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -46,7 +45,7 @@ from shared.artifacts import (
 from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.logging import log_event
-from shared.regimes import DEFAULT_SCHEME
+from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.schemas import Columns
 from training_server.config import TrainingSettings
 from training_server.drift import DriftDetector, DriftEvent
@@ -62,6 +61,7 @@ SENT = {"ttft": "predicted_ttft_ms", "tpot": "predicted_tpot_ms"}
 HISTORY = 8  # versions remembered for "the version that served this request"
 # Scoring takes only idle CPU: under full ingestion load it yields the core and skips batches.
 SCORING_NICE = 19
+IDLE_PUBLISH_S = 0.25  # when no batch arrives, how often moved offsets are checked for publication
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,12 @@ class LiveScorer:
         self._on_drift = on_drift
         self._on_calibrated = on_calibrated
         self.calibrator = RegimeCalibrator(
-            MODEL_NAMES, self.scheme, s.quantile, s.calibration_window, s.calibration_min_samples
+            MODEL_NAMES,
+            self.scheme,
+            s.quantile,
+            s.calibration_window,
+            s.calibration_min_samples,
+            {"ttft": s.calibration_step_ttft, "tpot": s.calibration_step_tpot},
         )
         self.drift = DriftDetector(
             MODEL_NAMES,
@@ -101,6 +106,7 @@ class LiveScorer:
             s.drift_min_samples,
             s.drift_cooldown_s,
         )
+        self._calibrating = threading.Lock()  # the calibrator: scoring thread vs the trainer's offsets_for
         self._queue: deque[tuple[Columns, np.ndarray]] = deque()
         self._cond = threading.Condition()
         self._pending = 0
@@ -162,11 +168,18 @@ class LiveScorer:
         lower_priority(SCORING_NICE)
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait(0.5)
+                if not self._queue and not self._closed:
+                    self._cond.wait(IDLE_PUBLISH_S)
                 if self._closed:
                     return
-                columns, timestamps = self._queue.popleft()
+                batch = self._queue.popleft() if self._queue else None
+            if batch is None:  # idle: offsets that moved since the last publication still go out
+                try:
+                    self.maybe_publish()
+                except Exception as exc:
+                    log_event(log, "live_scoring_failed", logging.ERROR, error=repr(exc), exc_info=True)
+                continue
+            columns, timestamps = batch
             try:
                 self.process(columns, timestamps)
                 self.maybe_publish()
@@ -212,7 +225,7 @@ class LiveScorer:
             self.metrics.live_scored.labels(name).inc(len(keep))
             for event in events:
                 self._drifted(event)
-            self._calibrate(name, current, feats, act, margins)
+            self._calibrate(name, current, feats, act, timestamps[rows], margins)
         self._export()
 
     def _served(
@@ -268,6 +281,7 @@ class LiveScorer:
         current: Manifest,
         feats: np.ndarray,
         act: np.ndarray,
+        stamps: np.ndarray,
         margins: dict[str, np.ndarray | None],
     ) -> None:
         if current.kind == "prior" or name not in self._calibrated_models:
@@ -278,15 +292,29 @@ class LiveScorer:
         if booster is None or margin is None:
             return
         base = replace(spec, regime_offsets=None)
-        if self.calibrator.trees.get(name) != spec.sha256:
-            self.calibrator.rebase(
-                name,
-                spec.sha256,
-                lambda f: _base_margin(_predict_margin(booster, f), f, base),
-                _trained_at_s(current),
-            )
         target = to_margin_target(act, spec.target_transform)
-        self.calibrator.observe(name, feats, target, _base_margin(margin, feats, base), time.time())
+        with self._calibrating:
+            self._track(name, booster, base, float("inf"))
+            base_now = _base_margin(margin, feats, base)
+            self.calibrator.observe(name, feats, target, base_now, stamps, time.monotonic())
+
+    def _track(self, name: str, booster: xgb.Booster, base: ModelSpec, unseen_since_s: float) -> None:
+        """Under ``_calibrating``: make the calibrator track ``base``'s trees (rebase if new)."""
+        if self.calibrator.trees.get(name) != base.sha256:
+            margin_of = lambda f: _base_margin(_predict_margin(booster, f), f, base)  # noqa: E731
+            self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s)
+
+    def offsets_for(
+        self, name: str, booster: xgb.Booster, spec: ModelSpec, unseen_since_s: float
+    ) -> RegimeOffsets | None:
+        """The regime offsets new trees are published with (the trainer's thread): the online
+        calibration carried over to them, so a retrain does not drop what it has followed.
+        ``unseen_since_s``: the trees were trained on samples older than this."""
+        if name not in self._calibrated_models:
+            return None
+        with self._calibrating:
+            self._track(name, booster, replace(spec, regime_offsets=None), unseen_since_s)
+            return RegimeOffsets.of(self.scheme, np.round(self.calibrator.offsets(name), 6))
 
     def _drifted(self, event: DriftEvent) -> None:
         regime = self.scheme.label(event.regime)
@@ -314,7 +342,8 @@ class LiveScorer:
             return None
         if time.monotonic() - self._last_publish_mono < s.calibration_publish_interval_s:
             return None
-        new, moved = self.calibrator.proposal(current)
+        with self._calibrating:
+            new, moved = self.calibrator.proposal(current)
         if not new or moved < max(s.calibration_min_shift, 1e-9):
             return None
         self._last_publish_mono = time.monotonic()
@@ -402,15 +431,6 @@ def _base_margin(tree_margin: np.ndarray, feats: np.ndarray, base: ModelSpec) ->
     """The served margin without regime offsets (trees, calibration offset and whatever else
     ``served_latency_ms`` adds), which the regime offsets correct."""
     return to_margin_target(served_latency_ms(tree_margin, feats, base), base.target_transform)
-
-
-def _trained_at_s(manifest: Manifest) -> float:
-    """When ``manifest``'s trees were published (a calibration version records its trained base's)."""
-    stamp = manifest.metrics.get("online_calibration", {}).get("trained_created_at", manifest.created_at)
-    try:
-        return datetime.fromisoformat(stamp).timestamp()
-    except (TypeError, ValueError):
-        return time.time()
 
 
 def _predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:

@@ -1,22 +1,39 @@
-"""Online calibration per regime: rolling split-conformal offsets between retrains.
+"""Online calibration per regime: a quantile tracker on each regime's residuals between retrains.
 
-For each model and regime (``shared.regimes``) the calibrator keeps the newest
-``calibration_window`` samples (their feature rows and log-latency targets) and their residuals
-``log1p(actual) - (tree margin + calibration offset)`` against the trees currently published.
-A regime's offset is the conformal quantile (``evaluation.conformal_offset``) of its residuals,
-so the served prediction ``trees + calibration offset + regime offset`` covers the target share
-of that regime's recent samples: when a regime's latency moves, its offset follows within about
-a window of its samples while the other regimes keep theirs. A regime with fewer than
-``calibration_min_samples`` recent samples keeps offset 0 (the trainer's global conformal offset).
+For each model and regime (``shared.regimes``) the calibrator keeps an offset that is added to
+the served margin (trees + baseline + the trainer's conformal offset) of that regime's rows, and
+moves it with every posted batch of samples (online quantile tracking, the "P" part of conformal
+PID control, Angelopoulos, Barber and Bates 2023; adaptive conformal inference, Gibbs and Candes
+2021, moves the quantile level the same way):
 
-Residuals are relative to the trees, never to the published offsets, so publishing offsets does
-not feed back into them. When a retrain publishes new trees, ``rebase`` keeps only the samples
-that arrived after it was published (older ones may be in its training set, whose in-sample
-residuals are too small) and recomputes their residuals against the new trees; until a regime
-has ``calibration_min_samples`` of those, the new version serves its own conformal offset there.
-A regime whose recent coverage is within noise of the target keeps offset 0 as well: latency is
-bursty and samples arrive after their request completed, so chasing every swing would lag
-behind it and hurt.
+    offset += step * spread * min(n, BATCH_CAP) * (miss rate - (1 - q)),
+
+where a miss is ``log1p(actual) > served margin without regime offsets + offset`` and ``n`` the
+batch's samples in that regime. Misses push the offset up, covered samples pull it down, so it
+settles where a share ``q`` of the regime's *recent* samples is covered whatever the stream does
+(the long-run coverage guarantee of online quantile tracking holds for any sequence), also while
+latency trends up through an overload onset and the samples arrive seconds after their request
+was routed. A batch counts as at most ``BATCH_CAP`` samples: requests that complete together
+shared their conditions, so their errors are one observation, and a per-sample step would
+overshoot after every burst. ``spread`` is the 5th-95th percentile range of the regime's recent
+residuals (of all regimes while it has fewer than ``min_samples``), so one ``step`` suits TTFT and
+TPOT, quiet and overloaded regimes alike.
+
+Each regime's offset is a part shared by all regimes plus its own part. The shared part moves by
+the error every regime of a batch agrees on (the smallest, when all have the same sign; nothing
+when a batch holds one regime): a change that hits every regime (a slower pool) moves it with
+every batch, so quiet regimes follow too, while a change in one regime moves only that regime.
+A regime without samples for ``STALE_S`` (or ever) starts from its nearest regime with
+recent samples (nearest queue bin first), so a queue that grows into a new bin inherits the
+correction of the bin below.
+
+When a retrain publishes new trees (``rebase``), each regime's newest ``window`` samples are
+scored again with them. A regime with enough samples the new trees were not trained on (newer
+than their training data: the trainer holds out the newest samples) gets the conformal offset of
+those; any other regime keeps its offset, shifted by the median change of the served margin on its
+samples, so a correction the trees have since learned is not applied twice and one they have not
+learned is kept. Nothing else is reset, so a retrain every second does not throw away what the
+trackers have followed.
 
 Not thread-safe: owned by the live-scoring thread.
 """
@@ -33,59 +50,66 @@ from shared.regimes import RegimeOffsets, RegimeScheme
 from training_server.evaluation import conformal_offset
 
 MarginFn = Callable[[np.ndarray], np.ndarray]
-SIGNIFICANCE = 3.0  # binomial standard deviations of miscoverage before a regime gets an offset
+# A posted batch counts as at most this many samples: samples that complete together share their
+# conditions (a burst), so their errors are one observation, not hundreds.
+BATCH_CAP = 8
+MIN_SPREAD, MAX_SPREAD = 0.05, 2.0  # bounds of the residual spread the step scales with (log units)
+COMMON_SHARE = 1.0  # step of the shared part, relative to a regime's own step
+STALE_S = 120.0  # a regime without samples this long starts again from its nearest neighbour
 
 
 class _RegimeRings:
-    """Newest ``cap`` (features, log target, arrival time, residual) rows of each regime of one model."""
+    """Newest ``cap`` (features, served margin without regime offsets, residual) rows per regime."""
 
     def __init__(self, regimes: int, cap: int) -> None:
         self.cap = cap
         self.features = np.zeros((regimes, cap, NUM_FEATURES), dtype=np.float32)
-        self.target = np.zeros((regimes, cap))
-        self.arrived = np.zeros((regimes, cap))
+        self.base = np.zeros((regimes, cap))
         self.residual = np.zeros((regimes, cap))
+        self.stamp = np.zeros((regimes, cap))  # the samples' timestamps (epoch s)
         self.count = np.zeros(regimes, dtype=np.int64)  # rows held (<= cap)
         self.next = np.zeros(regimes, dtype=np.int64)  # next write position
 
     def add(
-        self, regime: int, features: np.ndarray, target: np.ndarray, residual: np.ndarray, arrived_s: float
+        self, regime: int, features: np.ndarray, base: np.ndarray, residual: np.ndarray, stamp: np.ndarray
     ) -> None:
-        n = len(target)
+        n = len(base)
         if n > self.cap:
-            features, target, residual = features[-self.cap :], target[-self.cap :], residual[-self.cap :]
+            features, base, residual, stamp = (a[-self.cap :] for a in (features, base, residual, stamp))
             n = self.cap
         slots = (self.next[regime] + np.arange(n)) % self.cap
         self.features[regime, slots] = features
-        self.target[regime, slots] = target
-        self.arrived[regime, slots] = arrived_s
+        self.base[regime, slots] = base
         self.residual[regime, slots] = residual
+        self.stamp[regime, slots] = stamp
         self.next[regime] = (self.next[regime] + n) % self.cap
         self.count[regime] = min(self.cap, self.count[regime] + n)
 
-    def keep_since(self, regime: int, since_s: float) -> int:
-        """Drop the rows that arrived before ``since_s``; the rest move to the front, oldest first."""
-        n = int(self.count[regime])
-        order = (self.next[regime] + np.arange(n)) % self.cap if n == self.cap else np.arange(n)
-        kept = order[self.arrived[regime, order] >= since_s]
-        k = len(kept)
-        for array in (self.features, self.target, self.arrived, self.residual):
-            array[regime, :k] = array[regime, kept]
-        self.count[regime], self.next[regime] = k, k % self.cap
-        return k
+    def held(self, regime: int) -> slice:
+        return slice(0, int(self.count[regime]))
 
 
 class RegimeCalibrator:
-    """Per-model, per-regime rolling conformal offsets (see the module docstring)."""
+    """Per-model, per-regime quantile trackers (see the module docstring)."""
 
     def __init__(
-        self, models: tuple[str, ...], scheme: RegimeScheme, quantile: float, window: int, min_samples: int
+        self,
+        models: tuple[str, ...],
+        scheme: RegimeScheme,
+        quantile: float,
+        window: int,
+        min_samples: int,
+        steps: dict[str, float],
     ) -> None:
         self.scheme = scheme
         self.quantile = quantile
         self.min_samples = min_samples
+        self.steps = steps  # per model
         self._rings = {name: _RegimeRings(scheme.size, window) for name in models}
-        self.trees: dict[str, str] = {}  # model -> SHA-256 of the trees the residuals are against
+        self._common = dict.fromkeys(models, 0.0)  # the part of the offsets every regime shares
+        self._theta = {name: np.zeros(scheme.size) for name in models}  # each regime's own part
+        self._seen_s = {name: np.full(scheme.size, -np.inf) for name in models}  # last sample per regime
+        self.trees: dict[str, str] = {}  # model -> SHA-256 of the trees the offsets are for
 
     def observe(
         self,
@@ -93,55 +117,97 @@ class RegimeCalibrator:
         features: np.ndarray,
         log_target: np.ndarray,
         base_margin: np.ndarray,
-        arrived_s: float,
+        stamps: np.ndarray,
+        now_s: float,
     ) -> None:
-        """Add samples: ``base_margin`` is the served margin of the current trees without regime offsets."""
-        rings = self._rings[model]
+        """Samples in arrival order; ``base_margin`` is the served margin of the current trees
+        without regime offsets. Moves each regime's tracker, then remembers the rows. A regime
+        without samples for ``STALE_S`` (or ever) starts from its nearest neighbour's offset."""
+        rings, theta, seen = self._rings[model], self._theta[model], self._seen_s[model]
         regimes = self.scheme.ids(features)
         residual = log_target - base_margin
+        common, alpha = self._common[model], 1.0 - self.quantile
+        errors = []
         for regime in np.unique(regimes).tolist():
             rows = np.flatnonzero(regimes == regime)
-            rings.add(regime, features[rows], log_target[rows], residual[rows], arrived_s)
+            if now_s - seen[regime] > STALE_S:
+                rings.count[regime] = rings.next[regime] = 0
+                theta[regime] = self._neighbour_offset(model, regime, now_s)
+            seen[regime] = now_s
+            error = float(np.mean(residual[rows] > common + theta[regime])) - alpha
+            weight = self.steps[model] * self._spread(rings, regime) * min(len(rows), BATCH_CAP)
+            theta[regime] += weight * error
+            rings.add(regime, features[rows], base_margin[rows], residual[rows], stamps[rows])
+            errors.append(error)
+        # The shared part moves by what every regime of the batch agrees on (none if one regime).
+        if len(errors) >= 2 and (min(errors) > 0 or max(errors) < 0):
+            agreed = min(errors) if errors[0] > 0 else max(errors)
+            weight = (
+                COMMON_SHARE * self.steps[model] * self._spread(rings, None) * min(len(residual), BATCH_CAP)
+            )
+            self._common[model] = common + weight * agreed
 
-    def rebase(self, model: str, trees_sha256: str, base_margin: MarginFn, trained_s: float) -> None:
-        """New trees, published at ``trained_s``: keep only the samples that arrived since (the
-        others may be in their training set, and in-sample residuals would bias the offsets
-        low), with their residuals recomputed against ``base_margin(features)``."""
+    def _neighbour_offset(self, model: str, regime: int, now_s: float) -> float:
+        """The offset of the nearest regime (by queue bin, then KV bin) with recent samples; the
+        queue drives latency most, so a queue that grows into a new bin inherits the last one's
+        correction. 0 (the trainer's calibration) if no regime has recent samples."""
+        kv_bins = len(self.scheme.kv_edges) + 1
+        fresh = (now_s - self._seen_s[model] <= STALE_S) & (self._rings[model].count >= self.min_samples)
+        candidates = np.flatnonzero(fresh)
+        if len(candidates) == 0:
+            return 0.0
+        w, k = divmod(regime, kv_bins)
+        distance = np.abs(candidates // kv_bins - w) * kv_bins + np.abs(candidates % kv_bins - k)
+        return float(self._theta[model][candidates[np.argmin(distance)]])
+
+    def _spread(self, rings: _RegimeRings, regime: int | None) -> float:
+        if regime is not None and rings.count[regime] >= self.min_samples:
+            residual = rings.residual[regime, rings.held(regime)]
+        else:
+            residual = np.concatenate([rings.residual[r, rings.held(r)] for r in range(self.scheme.size)])
+        if len(residual) < 2:
+            return MAX_SPREAD / 4
+        lo, hi = np.quantile(residual, [0.05, 0.95])
+        return float(np.clip(hi - lo, MIN_SPREAD, MAX_SPREAD))
+
+    def rebase(self, model: str, trees_sha256: str, base_margin: MarginFn, unseen_since_s: float) -> None:
+        """New trees, trained on samples older than ``unseen_since_s``: a regime with at least
+        ``min_samples`` newer samples gets the conformal offset of their residuals against the new
+        trees (samples the trees never saw, so the offset is not biased low); any other regime
+        keeps its offset, shifted by the median change of the served margin on its samples (old
+        minus new). Then the trackers follow the new trees."""
         self.trees[model] = trees_sha256
-        rings = self._rings[model]
-        held = [r for r in range(self.scheme.size) if rings.count[r] and rings.keep_since(r, trained_s)]
+        rings, theta = self._rings[model], self._theta[model]
+        held = [r for r in range(self.scheme.size) if rings.count[r]]
         if not held:
             return
-        parts = [rings.features[r, : rings.count[r]] for r in held]
+        parts = [rings.features[r, rings.held(r)] for r in held]
         margin = base_margin(np.ascontiguousarray(np.concatenate(parts)))
         start = 0
         for r, part in zip(held, parts, strict=True):
             n = len(part)
-            rings.residual[r, :n] = rings.target[r, :n] - margin[start : start + n]
+            new = margin[start : start + n]
+            target = rings.base[r, :n] + rings.residual[r, :n]
+            unseen = rings.stamp[r, :n] >= unseen_since_s
+            if np.count_nonzero(unseen) >= self.min_samples:
+                theta[r] = conformal_offset((target - new)[unseen], self.quantile) - self._common[model]
+            else:
+                theta[r] += float(np.median(rings.base[r, :n] - new))
+            rings.base[r, :n], rings.residual[r, :n] = new, target - new
             start += n
 
     def offsets(self, model: str) -> np.ndarray:
-        """The offset of each regime: 0 (the trainer's calibration) where too few recent samples,
-        or where their coverage without an offset is within ``SIGNIFICANCE`` binomial standard
-        deviations of the target (so noise and short bursts are not chased)."""
-        rings = self._rings[model]
-        q = self.quantile
-        out = np.zeros(self.scheme.size)
-        for r in np.flatnonzero(rings.count >= self.min_samples).tolist():
-            residual = rings.residual[r, : rings.count[r]]
-            n = len(residual)
-            if abs(float(np.mean(residual <= 0.0)) - q) > SIGNIFICANCE * np.sqrt(q * (1.0 - q) / n):
-                out[r] = conformal_offset(residual, q)
-        return out
+        """The offset of each regime (log-latency units, added to the served margin)."""
+        return self._common[model] + self._theta[model]
 
     def proposal(self, current: Manifest) -> tuple[dict[str, RegimeOffsets], float]:
-        """New offsets for the models whose trees the residuals are against, and the largest move
+        """New offsets for the models whose trees the calibrator tracks, and the largest move
         from ``current``'s published offsets."""
         new: dict[str, RegimeOffsets] = {}
         moved = 0.0
         for name, spec in current.models.items():
             if name not in self._rings or self.trees.get(name) != spec.sha256:
-                continue  # no residuals against these trees yet
+                continue  # not tracking these trees yet
             offsets = self.offsets(name)
             old = np.zeros(self.scheme.size)
             if spec.regime_offsets is not None and spec.regime_offsets.scheme == self.scheme:

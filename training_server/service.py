@@ -61,14 +61,13 @@ class TrainingService:
         self.window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
         self.intake = Intake(self.window, settings.max_pending_samples, self._on_inserted)
         self.persistence = Persistence(settings, self.window, self.intake, metrics)
-        self.scheduler = RetrainScheduler(
-            settings, self.window, Trainer(self.store, settings), metrics, self._on_published
-        )
         self.live = (
             LiveScorer(self.store, settings, metrics, self._on_drift, self._on_calibrated)
             if settings.live_scoring
             else None
         )
+        trainer = Trainer(self.store, settings, self.live.offsets_for if self.live is not None else None)
+        self.scheduler = RetrainScheduler(settings, self.window, trainer, metrics, self._on_published)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._maintenance: asyncio.Task[None] | None = None
         self._ingesting = 0

@@ -25,6 +25,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,12 +39,14 @@ from shared.artifacts import (
     ModelStore,
     base_margin,
     served_latency_ms,
+    sha256_hex,
     to_margin_target,
 )
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.logging import log_event
 from shared.prior import build_prior_models
+from shared.regimes import RegimeOffsets
 from training_server import evaluation
 from training_server.baseline_fit import fit_baseline
 from training_server.config import TrainingSettings
@@ -99,6 +102,7 @@ class _Candidate:
     current_losses: np.ndarray = field(default_factory=lambda: np.empty(0))
     accepted: bool = False
     reason: str = ""
+    unseen_since_s: float = float("inf")  # samples from this timestamp on were not trained on
 
 
 @dataclass
@@ -117,12 +121,24 @@ class _StopWhenSet(xgb.callback.TrainingCallback):
         return self._stop.is_set()
 
 
-class Trainer:
-    """Fits and publishes model versions into ``store`` (see the module docstring)."""
+# (model, its trees, their spec without regime offsets, the timestamp from which on no sample was
+# trained on) -> the regime offsets to publish them with
+OffsetsFor = Callable[[str, xgb.Booster, ModelSpec, float], RegimeOffsets | None]
 
-    def __init__(self, store: ModelStore, settings: TrainingSettings) -> None:
+
+class Trainer:
+    """Fits and publishes model versions into ``store`` (see the module docstring).
+
+    ``offsets_for`` (the live scorer's online calibration) gives each published model its regime
+    offsets, carried over to the new trees, so a retrain never serves without them.
+    """
+
+    def __init__(
+        self, store: ModelStore, settings: TrainingSettings, offsets_for: OffsetsFor | None = None
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.offsets_for = offsets_for
         self._current: _Current | None = None
         self.stop = threading.Event()
 
@@ -227,6 +243,7 @@ class Trainer:
             baseline=baseline,
             metrics=metrics,
             holdout_losses=evaluation.sample_losses(actual[hold], predicted, s.objective, s.quantile),
+            unseen_since_s=float(snap.column("timestamp")[hold[0]]),
         )
         if current is not None and name in current.boosters:
             cur_spec = current.manifest.models[name]
@@ -278,6 +295,7 @@ class Trainer:
         baselines: dict[str, dict[str, Any] | None] = {}
         samples: dict[str, int] = {}
         metrics: dict[str, Any] = {"window_samples": window, "samples_used": used}
+        regime_offsets: dict[str, RegimeOffsets | None] = {}
         prior: dict[str, bytes] | None = None
         for name, c in candidates.items():
             entry: dict[str, Any] = {"guard": c.reason, "samples": c.samples}
@@ -285,6 +303,15 @@ class Trainer:
                 models[name] = bytes(c.booster.save_raw("ubj"))
                 offsets[name] = c.offset
                 baselines[name] = c.baseline
+                if self.offsets_for is not None:
+                    spec = ModelSpec(
+                        f"{name}.ubj",
+                        sha256_hex(models[name]),
+                        len(models[name]),
+                        calibration_offset=c.offset,
+                        baseline=c.baseline,
+                    )
+                    regime_offsets[name] = self.offsets_for(name, c.booster, spec, c.unseen_since_s)
                 samples[name] = c.samples["train"]
                 entry.update(source="trained", calibration_offset=c.offset, **c.metrics)
             elif current is not None:
@@ -292,6 +319,7 @@ class Trainer:
                 models[name] = current.files[name]
                 offsets[name] = spec.calibration_offset
                 baselines[name] = spec.baseline
+                regime_offsets[name] = spec.regime_offsets
                 samples[name] = current.manifest.training_samples.get(name, 0)
                 previous = dict(current.manifest.metrics.get(name, {}))
                 previous.pop("current_on_same_holdout", None)
@@ -320,6 +348,7 @@ class Trainer:
             training_samples=samples,
             metrics=metrics,
             xgboost_version=xgb.__version__,
+            regime_offsets=regime_offsets,
         )
 
     def _compatible(self, current: _Current) -> bool:

@@ -23,7 +23,7 @@ from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
 
-SHIFTED = "waiting=4-15 kv=0-0.5"
+SHIFTED = "waiting=4-7 kv=0-0.9"
 BASE_FLAGS = [
     "--min-new-samples", "10000000", "--retrain-interval-s", "3600", "--n-estimators", "30",
     "--min-train-samples", "200", "--trainer-nice", "0",
@@ -91,12 +91,15 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
             rows, shifted = _probe_rows()
             ttft_before, tpot_before, _ = _predict(client, ps.url, rows)
 
-            # TTFT doubles in one regime; only that regime's samples arrive.
-            for seed in range(6):
-                _post(client, ts.url, _shifted_samples(500, 100 + seed, factor=2.0))
-            wait_until(
-                lambda: client.get(ts.url + "/status").json()["live"]["pending_samples"] == 0, "scoring", 30
-            )
+            # TTFT doubles in one regime; only that regime's samples arrive, a scored batch at a time
+            # (the calibrator counts a batch as a few samples: samples that arrive together share
+            # their conditions).
+            def scored() -> bool:
+                return bool(client.get(ts.url + "/status").json()["live"]["pending_samples"] == 0)
+
+            for seed in range(30):
+                _post(client, ts.url, _shifted_samples(100, 100 + seed, factor=2.0))
+                wait_until(scored, "scoring", 30)
 
             def calibrated() -> Manifest | None:
                 m = Manifest.from_json(client.get(ts.url + "/models/current").content)
@@ -136,7 +139,9 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
 
             ttft_after, tpot_after, served = _predict(client, ps.url, rows)
             assert served == version.version
-            assert np.allclose(tpot_after, tpot_before)  # TPOT is not calibrated online by default
+            # TPOT did not shift: its own online correction stays small (calibration noise).
+            tpot_moved = np.abs(np.log1p(tpot_after) - np.log1p(tpot_before))
+            assert np.max(tpot_moved) < 0.15, np.max(tpot_moved)
             assert np.allclose(ttft_after[~shifted], ttft_before[~shifted])
             # TTFT doubled there; how much of that the offset must add depends on how high the trees
             # (and their work-ahead baseline) already predicted in that regime: well above 1, at most ~2.

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xgboost as xgb
 from prometheus_client import CollectorRegistry
 
-from shared.artifacts import ModelStore
+from shared.artifacts import ModelStore, served_latency_ms
 from shared.features import build_features
 from shared.regimes import DEFAULT_SCHEME
 from training_server import synthetic
@@ -24,7 +25,7 @@ from training_server.metrics import TrainingMetrics
 from training_server.trainer import Trainer
 from training_server.window import StratifiedWindow
 
-SHIFTED = "waiting=4-15 kv=0-0.5"
+SHIFTED = "waiting=4-7 kv=0-0.9"
 FACTOR = 1.8
 
 
@@ -68,13 +69,23 @@ def _trained_scorer(tmp_path: Path, events: list[DriftEvent]) -> tuple[LiveScore
     return scorer, store
 
 
-def _feed(scorer: LiveScorer, rng: np.random.Generator, batches: int, shift: bool) -> list[float]:
-    shifted_coverage = []
+def _feed(scorer: LiveScorer, rng: np.random.Generator, batches: int, shift: bool) -> None:
     for _ in range(batches):
         scorer.process(*_batch(rng, 1000, shift))
         scorer.maybe_publish()
-        shifted_coverage.append(_regimes(scorer)["ttft"].get(SHIFTED, {}).get("coverage") or np.nan)
-    return shifted_coverage
+
+
+def _served_coverage(store: ModelStore, columns: dict[str, np.ndarray]) -> float:
+    """Coverage of the shifted regime's TTFT by the version now current, as a replica serves it."""
+    manifest = store.read_manifest(store.current_version() or "")
+    spec = manifest.models["ttft"]
+    booster = xgb.Booster()
+    booster.load_model(bytearray(store.read_file(manifest.version, spec.file)))
+    features = build_features(columns)
+    rows = np.array([DEFAULT_SCHEME.label(r) == SHIFTED for r in DEFAULT_SCHEME.ids(features).tolist()])
+    margin = booster.inplace_predict(features[rows], predict_type="margin")
+    served = served_latency_ms(np.asarray(margin, dtype=np.float64), features[rows], spec)
+    return float(np.mean(columns["actual_ttft_ms"][rows] <= served))
 
 
 def _regimes(scorer: LiveScorer) -> dict[str, dict[str, dict[str, Any]]]:
@@ -99,28 +110,29 @@ def test_live_coverage_of_a_shifted_regime_returns_to_target_while_others_stay_p
         assert 0.87 <= entry["coverage"] <= 0.93, (label, entry)
     offsets_before = {label: entry["offset"] for label, entry in before.items()}
 
-    coverage = _feed(scorer, rng, 80, shift=True)
-
-    # A stale calibration fails the shifted regime at first, then online calibration restores it.
-    assert np.nanmin(coverage[:20]) < 0.8, coverage[:20]
+    # The calibration serving when the shift starts fails the shifted regime...
+    assert _served_coverage(store, _batch(np.random.default_rng(3), 4000, True)[0]) < 0.6
+    _feed(scorer, rng, 80, shift=True)
+    # ...then online calibration restores it.
     after = _busy(scorer, "ttft")
     assert 0.88 <= after[SHIFTED]["coverage"] <= 0.92, after[SHIFTED]
-    assert after[SHIFTED]["offset"] - offsets_before[SHIFTED] > 0.8 * np.log(FACTOR)
+    # (less than log(1.8) in log1p units: short latencies move less)
+    assert after[SHIFTED]["offset"] - offsets_before[SHIFTED] > 0.6 * np.log(FACTOR)
     for label, entry in after.items():
-        if label != SHIFTED:
+        if label != SHIFTED and label in before:
             # Sampling noise only (about 0.01 per horizon), not the collapse of the shifted regime.
             assert abs(entry["coverage"] - before[label]["coverage"]) <= 0.04, (label, entry, before[label])
             # Their offsets move only by sampling noise, nowhere near the shift's log(1.8) = 0.59.
             assert abs(entry["offset"] - offsets_before[label]) < 0.2, (label, entry, offsets_before[label])
-    for label, entry in _busy(scorer, "tpot").items():  # TPOT never moved (nor is it calibrated online)
-        assert entry["offset"] == 0.0 and 0.85 <= entry["coverage"] <= 0.95, (label, entry)
+    for label, entry in _busy(scorer, "tpot").items():  # TPOT never moved: its offsets stay near 0
+        assert abs(entry["offset"]) < 0.2 and 0.85 <= entry["coverage"] <= 0.95, (label, entry)
 
     # The correction went out as calibration versions: the same model files, new offsets.
     current = store.read_manifest(store.current_version() or "")
     assert current.kind == "calibrated" and scorer.calibration_versions > 0
     for name, spec in current.models.items():
         assert spec.sha256 == trained.models[name].sha256
-    assert current.models["ttft"].regime_offsets is not None and current.models["tpot"].regime_offsets is None
+    assert current.models["ttft"].regime_offsets is not None
     # The shifted regime's sustained coverage drop was a drift event, of TTFT only.
     # (A rare regime the trainer left under-covered may raise one too; TPOT never moved.)
     drifted = [(e.model, DEFAULT_SCHEME.label(e.regime)) for e in events]

@@ -61,9 +61,9 @@ def test_predictions_equal_xgboost_own_predict_on_random_rows(store: ModelStore,
         assert got.dtype == np.float64 and (got > 0).all()
 
 
-def test_trained_models_are_served_by_the_compiled_forest_for_small_batches(store: ModelStore) -> None:
+def test_trained_models_are_served_by_the_jit_evaluator(store: ModelStore) -> None:
     predictor = Predictor.from_model_set(store.load())
-    assert predictor.evaluator.startswith("CompiledForest<=")
+    assert predictor.evaluator == "numba-jit"
 
 
 def test_version_metadata_and_constant_prediction_fields(store: ModelStore) -> None:
@@ -130,7 +130,7 @@ def test_probe_matrix_is_fixed_and_covers_edge_rows() -> None:
 def test_serving_imports_xgboost_without_pandas() -> None:
     code = (
         "import sys\n"
-        "from prediction_server.evaluators import import_xgboost\n"
+        "from shared.xgboost_import import import_xgboost\n"
         "xgb = import_xgboost()\n"
         "print(xgb.__version__, 'pandas' in sys.modules, 'sklearn' in sys.modules)\n"
         "import sklearn\n"  # the optional import is only skipped, not broken for later users

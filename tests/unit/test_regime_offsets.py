@@ -43,11 +43,11 @@ def test_regimes_coarsen_the_window_strata_bins() -> None:
     # Every window stratum lies inside one regime: the regimes are unions of strata.
     for stratum in np.unique(strata).tolist():
         assert len(np.unique(regimes[strata == stratum])) == 1
-    assert DEFAULT_SCHEME.label(int(DEFAULT_SCHEME.ids(_features([5], [0.95]))[0])) == "waiting=4-15 kv=0.9-1"
+    assert DEFAULT_SCHEME.label(int(DEFAULT_SCHEME.ids(_features([5], [0.95]))[0])) == "waiting=4-7 kv=0.9-1"
 
 
 def test_served_latency_applies_the_offset_of_each_rows_regime_only() -> None:
-    features = _features([0, 5, 5, 20], [0.1, 0.1, 0.7, 0.1])
+    features = _features([0, 5, 5, 20], [0.1, 0.1, 0.95, 0.1])
     target = int(DEFAULT_SCHEME.ids(features[1:2])[0])
     spec = ModelSpec("ttft.ubj", "x", 1, calibration_offset=0.1, regime_offsets=_offsets(target, np.log(2.0)))
     margin = np.log1p(np.full(4, 99.0))
@@ -103,7 +103,7 @@ async def test_watcher_swaps_offsets_without_recompiling_the_trees(tmp_path: Pat
     try:
         first = watcher.current
         assert first is not None and first.version == trained.version
-        features = _features([0, 5, 5, 20], [0.1, 0.1, 0.7, 0.1])
+        features = _features([0, 5, 5, 20], [0.1, 0.1, 0.95, 0.1])
         regime = int(DEFAULT_SCHEME.ids(features[1:2])[0])
         before = first.predict(features)
         calibrated = store.publish_calibrated(trained.version, {"ttft": _offsets(regime, np.log(1.5))}, {})

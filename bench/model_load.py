@@ -1,0 +1,84 @@
+"""Model load and switch time of the prediction server: ``Predictor.from_model_set``, timed.
+
+Run from the repository root, pinned to one core:
+
+    OMP_NUM_THREADS=1 taskset -c 1 python bench/model_load.py [--sizes 200x6,150x6] [--code DIR]
+
+For each size, publishes a trained version (bench/prediction_load.py's model, with a baseline)
+into a temporary store, then in a fresh interpreter per measurement (``--processes`` of them)
+times the first ``Predictor.from_model_set`` of the process (what a worker pays at start-up:
+imports of XGBoost and numba, loading or compiling the JIT kernel, laying out the trees,
+checking them on the probe matrix) and the median of ``--switches`` more (what a running worker
+pays to switch to a new version). ``--code DIR`` takes prediction_server and shared from another
+checkout (e.g. main, for a before/after comparison); the store is always written by this one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+_CHILD = """
+import sys, time, statistics
+t = time.perf_counter()
+from prediction_server.predictor import Predictor
+from shared.artifacts import ModelStore
+imported = time.perf_counter() - t
+model_set = ModelStore(sys.argv[1]).load()
+t = time.perf_counter()
+predictor = Predictor.from_model_set(model_set)
+first = time.perf_counter() - t
+switches = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    Predictor.from_model_set(model_set)
+    switches.append(time.perf_counter() - t)
+print(imported, first, statistics.median(switches), predictor.evaluator)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="200x6,150x6")
+    parser.add_argument("--code", type=Path, default=REPO, help="checkout whose prediction_server is timed")
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--switches", type=int, default=5)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "bench"))
+    from prediction_load import publish_benchmark_model
+
+    from shared.artifacts import ModelStore
+
+    env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
+    print(f"code {args.code.resolve()}; {args.processes} processes; medians")
+    print("| model | evaluator | import s | first load s | switch s |")
+    print("|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        trees, depth = (int(v) for v in size.split("x"))
+        root = Path(tempfile.mkdtemp(prefix="model-load-"))
+        publish_benchmark_model(ModelStore(root), trees, depth)
+        runs = []
+        for _ in range(args.processes):
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, str(root), str(args.switches)],
+                env=env,
+                cwd=tempfile.gettempdir(),  # not a checkout: PYTHONPATH alone decides the code
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            runs.append(out)
+        imported, first, switch = (statistics.median(float(r[i]) for r in runs) for i in range(3))
+        print(f"| {size} | {runs[0][3]} | {imported:.2f} | {first:.2f} | {switch:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The per-regime quantile trackers of online calibration, on streams whose answer is known."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from shared.features import FEATURE_NAMES, NUM_FEATURES
+from shared.regimes import DEFAULT_SCHEME
+from training_server.online_calibration import RegimeCalibrator
+
+Q = 0.9
+WAITING = FEATURE_NAMES.index("num_request_waiting")
+CLOCK = itertools.count(1)
+
+
+def _calibrator() -> RegimeCalibrator:
+    return RegimeCalibrator(("ttft",), DEFAULT_SCHEME, Q, window=256, min_samples=30, steps={"ttft": 0.05})
+
+
+def _rows(n: int, waiting: float) -> np.ndarray:
+    features = np.zeros((n, NUM_FEATURES), dtype=np.float32)
+    features[:, WAITING] = waiting
+    return features
+
+
+def _regime(waiting: float) -> int:
+    return int(DEFAULT_SCHEME.ids(_rows(1, waiting))[0])
+
+
+def _feed(
+    cal: RegimeCalibrator, rng: np.random.Generator, batches: int, shifts: dict[float, float]
+) -> list[float]:
+    """Batches of 20 samples per queue depth in ``shifts``; residuals N(shift, 0.3) against a base
+    margin of 0. Returns the coverage of each batch by the offsets in force before it."""
+    coverage = []
+    for _ in range(batches):
+        parts = [(_rows(20, w), rng.normal(shift, 0.3, 20)) for w, shift in shifts.items()]
+        features = np.concatenate([f for f, _ in parts])
+        target = np.concatenate([t for _, t in parts])
+        offsets = cal.offsets("ttft")[DEFAULT_SCHEME.ids(features)]
+        coverage.append(float(np.mean(target <= offsets)))
+        now = float(next(CLOCK))  # one batch per second
+        cal.observe("ttft", features, target, np.zeros(len(target)), np.full(len(target), now), now)
+    return coverage
+
+
+def test_the_tracker_covers_the_target_share_and_follows_a_step_within_tens_of_batches() -> None:
+    cal, rng = _calibrator(), np.random.default_rng(0)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    steady = _feed(cal, rng, 300, {0: 0.0})
+    assert abs(np.mean(steady[100:]) - Q) < 0.02, np.mean(steady[100:])
+    offset = cal.offsets("ttft")[_regime(0)]
+    assert abs(offset - 0.3 * 1.2816) < 0.1, offset  # the 0.9 quantile of N(0, 0.3)
+    after = _feed(cal, rng, 200, {0: 1.1})  # latency x3 (log 1.1)
+    assert after[0] < 0.2  # the stale offset fails at first...
+    assert abs(np.mean(after[50:]) - Q) < 0.03, np.mean(after[50:])  # ...then the tracker follows
+
+
+def test_a_change_in_every_regime_moves_the_shared_part_a_change_in_one_moves_only_that_one() -> None:
+    cal, rng = _calibrator(), np.random.default_rng(1)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 200, {0: 0.0, 2: 0.0})
+    before = cal.offsets("ttft").copy()
+    _feed(cal, rng, 200, {0: 0.0, 2: 0.8})  # only waiting=2-3 got slower
+    moved = cal.offsets("ttft") - before
+    assert moved[_regime(2)] > 0.6 and abs(moved[_regime(0)]) < 0.15, moved
+    # Every regime slower: the shared part moves, and a queue depth not seen for long (here:
+    # never) starts from its nearest neighbour's corrected offset instead of from nothing.
+    _feed(cal, rng, 300, {0: 0.8, 2: 1.6})
+    assert cal.offsets("ttft")[_regime(0)] - before[_regime(0)] > 0.6
+    neighbour = cal.offsets("ttft")[_regime(2)]
+    _feed(cal, rng, 1, {5: 1.6})  # waiting=4-7 appears for the first time
+    assert cal.offsets("ttft")[_regime(5)] > neighbour - 0.1, (cal.offsets("ttft"), neighbour)
