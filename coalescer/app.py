@@ -1,4 +1,4 @@
-"""``create_app(settings)``: the coalescer's FastAPI app and the lifespan that owns its moving parts.
+"""``create_app(settings)``: the coalescer's Starlette app and the lifespan that owns its moving parts.
 
 The lifespan creates the httpx client (probes, status, reload, relay), the replica pool and its
 hot-path connections, the batcher, the sample relay, and their background tasks (prober, DNS
@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from coalescer.batcher import SLOW_CALL_SHARE, Batcher
 from coalescer.config import CoalescerSettings
@@ -31,17 +31,18 @@ from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.client import bearer_header_lines, bearer_headers
 from shared.errors import ServiceError
-from shared.http import docs_routes, install_error_handlers
+from shared.http import install_error_handlers
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
 
 
-class CoalescerApp(FastAPI):
-    """FastAPI, except that POSTs to the prediction paths go straight to their raw ASGI handlers.
+class CoalescerApp(Starlette):
+    """Starlette, except that POSTs to the prediction paths go straight to their raw ASGI handlers.
 
     They skip the middleware stack and the router (see ``coalescer.predict``); everything else,
-    lifespan included, is plain FastAPI.
+    lifespan included, is plain Starlette (no OpenAPI schema or ``/docs``: wire-contract.md
+    documents the API).
     """
 
     fast_paths: dict[str, ASGIApp]
@@ -59,12 +60,7 @@ def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all)
     """Build the app; nothing runs until its lifespan starts (``resolver`` is injectable for tests)."""
     metrics = create_metrics()
     rt = Runtime(settings, metrics, resolver, LoopLagMonitor())
-    app = CoalescerApp(
-        title="coalescer",
-        description="Batches scheduler prediction calls to prediction replicas; relays training samples.",
-        lifespan=lambda _app: _lifespan(rt),
-        **docs_routes(settings.expose_internals),
-    )
+    app = CoalescerApp(lifespan=lambda _app: _lifespan(rt))
     app.state.runtime = rt
 
     def count_rejection(exc: ServiceError) -> None:

@@ -1,11 +1,11 @@
 """The prediction endpoints as raw ASGI handlers: the scheduler's hot path.
 
 ``/predict/bulk/strict``, ``/predict/bulk`` and ``/predict`` read the body from ASGI messages,
-answer with orjson bytes, and are dispatched by the app before FastAPI's middleware stack and
-router (see ``app.CoalescerApp``). On this 2-core box that stack (telemetry check, exception and
-exit-stack middleware, routing, ``Request``/``Response`` objects) costs a few tens of µs per call,
-a large share of the 300 µs the coalescer may add. Errors still go through ``shared.http.error_body``
-and the app's rejection counter, exactly as the FastAPI handler maps them.
+answer with orjson bytes, and are dispatched by the app before Starlette's middleware stack and
+router (see ``app.CoalescerApp``). On this 2-core box that stack (error and exception middleware,
+routing, ``Request``/``Response`` objects) costs a few tens of µs per call,
+a large share of the 300 µs the coalescer may add. Errors still become responses in
+``shared.http.error_response`` with the app's rejection counter, as every other route's do.
 
 Each caller's rows are validated here with ``shared.schemas`` before they reach the batcher, so
 an invalid caller gets its own 422 and never shares a batch: the batcher only sees valid rows.
@@ -14,21 +14,15 @@ an invalid caller gets its own 422 and never shares a batch: the batcher only se
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
-
 from coalescer.batcher import Batcher, ClientDisconnected, Ticket
-from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, PayloadTooLarge, ServiceError
-from shared.http import error_body
-from shared.logging import log_event
+from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, ServiceError
+from shared.http import check_declared_size, dump_json, error_response, receive_body
 from shared.schemas import loads, parse_all_rows, parse_row, parse_rows, require_list, rows_valid
-
-log = logging.getLogger(__name__)
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 Handler = Callable[[bytes, "_Call"], Awaitable[Any]]
@@ -36,7 +30,6 @@ Handler = Callable[[bytes, "_Call"], Awaitable[Any]]
 # Loop lag below this is ordinary jitter on a busy machine: it still counts against the deadline,
 # but sheds nobody (a 30 ms deadline would otherwise be shed at 9 ms of lag).
 MIN_SHED_LAG_S = 0.02
-_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 _JSON_HEADER = (b"content-type", b"application/json")
 
 
@@ -96,7 +89,6 @@ class PredictionEndpoints:
             started = time.monotonic()
             lag_s = 0.0
             count()
-            headers = [_JSON_HEADER]
             try:
                 deadline_s, declared = self._scan_headers(scope["headers"])
                 # The loop's lag is time this call most likely spent queued before this handler:
@@ -106,28 +98,20 @@ class PredictionEndpoints:
                     raise LoopLagging(
                         f"overloaded: the event loop runs {lag_s * 1000:.0f} ms late", retry_after_s=1.0
                     )
-                if declared is not None and declared > self._max_body:
-                    raise PayloadTooLarge(
-                        f"Request body of {declared} bytes exceeds the limit of {self._max_body} bytes"
-                    )
-                body = await _read_body(receive, self._max_body)
+                check_declared_size(declared, self._max_body)
+                body = await receive_body(receive, self._max_body, _disconnected)
                 call = _Call(started, started - lag_s + deadline_s, receive)
                 result = await handler(body, call)
-                payload = orjson.dumps(result, option=_JSON_OPTIONS)
-                status = 200
-            except ServiceError as exc:
-                self._on_error(exc)
-                status = exc.status_code
-                payload = orjson.dumps(error_body(exc), option=_JSON_OPTIONS)
-                headers.extend(
-                    (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in exc.headers.items()
-                )
+                payload = dump_json(result)
             except Exception as exc:
-                log_event(log, "unhandled_error", logging.ERROR, path=scope.get("path"), error=repr(exc))
-                status, payload = 500, b'{"detail":"internal error"}'
-            headers.append((b"content-length", b"%d" % len(payload)))
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": payload})
+                response = error_response(exc, scope["path"], self._on_error)
+                status = response.status_code
+                await response(scope, receive, send)
+            else:
+                status = 200
+                headers = [_JSON_HEADER, (b"content-length", b"%d" % len(payload))]
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": payload})
             observe = timers.get(status)
             if observe is None:
                 observe = timers[status] = self._time_call(name, status)
@@ -228,20 +212,8 @@ class PredictionEndpoints:
                 batcher.abandon(ticket)
 
 
-async def _read_body(receive: Any, max_bytes: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected("client disconnected")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+def _disconnected() -> ClientDisconnected:
+    return ClientDisconnected("client disconnected")
 
 
 async def _watch_disconnect(batcher: Batcher, tickets: list[Ticket], receive: Any) -> None:

@@ -38,10 +38,10 @@ from shared.errors import (
     IngestSaturated,
     InvalidInput,
     Overloaded,
-    PayloadTooLarge,
     ServiceError,
     UpstreamUnavailable,
 )
+from shared.http import check_declared_size
 from shared.logging import log_event
 from shared.schemas import MAX_TRAINING_BODY_BYTES, parse_training_entries, require_entries
 
@@ -165,10 +165,7 @@ class SampleRelay:
     ) -> Answer:
         if self.closing:
             raise Overloaded("the coalescer is shutting down", retry_after_s=1.0)
-        if declared_bytes is not None and declared_bytes > MAX_TRAINING_BODY_BYTES:
-            raise PayloadTooLarge(
-                f"Request body of {declared_bytes} bytes exceeds the limit of {MAX_TRAINING_BODY_BYTES} bytes"
-            )
+        check_declared_size(declared_bytes, MAX_TRAINING_BODY_BYTES)
         key = _checked_key(key) or uuid.uuid4().hex
         # A body without Content-Length may be as large as the cap: reserve that while it is read.
         reserved = MAX_TRAINING_BODY_BYTES if declared_bytes is None else declared_bytes

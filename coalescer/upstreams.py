@@ -27,7 +27,7 @@ import httpx
 
 from coalescer.config import split_host_port
 from coalescer.http1 import Http1Pool
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class ReplicaPool:
         self._by_url: dict[str, Replica] = {}
         self._rotate = 0
         self._listeners: list[Callable[[], None]] = []
+        self._checks: set[asyncio.Task[None]] = set()  # /healthz checks in flight (hard references)
 
     @property
     def replicas(self) -> Sequence[Replica]:
@@ -206,7 +207,10 @@ class ReplicaPool:
         replica.failures += 1
         replica.last_error = error
         replica.slow_until = self._clock() + self.eject_cooldown_s
-        asyncio.get_running_loop().create_task(self._check_alive(replica, error))
+        task = asyncio.get_running_loop().create_task(self._check_alive(replica, error))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+        task.add_done_callback(log_task_failure)
 
     async def _check_alive(self, replica: Replica, error: str) -> None:
         try:
@@ -294,5 +298,8 @@ class ReplicaPool:
             await self.refresh_dns(target, resolver)
 
     async def close(self) -> None:
+        for task in self._checks:
+            task.cancel()
+        await asyncio.gather(*self._checks, return_exceptions=True)
         for replica in self._replicas:
             replica.pool.close()

@@ -1,4 +1,8 @@
-"""The prediction server's ASGI app: ``create_app(settings)``; the lifespan owns the store watcher."""
+"""The prediction server's ASGI app: ``create_app(settings)``; the lifespan owns the store watcher.
+
+A plain Starlette app: its routes are raw Starlette routes over the body (wire-contract.md
+documents them), so there is no OpenAPI schema or ``/docs`` to serve.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
@@ -17,14 +21,14 @@ from shared.logging import configure_logging
 from shared.metrics import new_registry
 
 
-def create_app(settings: PredictionSettings) -> FastAPI:
+def create_app(settings: PredictionSettings) -> Starlette:
     """Build the app; nothing is loaded until the lifespan starts (the first model before serving)."""
     metrics = PredictionMetrics(new_registry())
     watcher = StoreWatcher(settings, metrics)
     api = PredictionApi(settings, watcher, metrics)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
         await watcher.start()
         # Start-up objects (xgboost, numpy, the first model) live as long as the process: keep
         # them out of the cyclic collector so its full passes stay short on the hot path.
@@ -35,18 +39,7 @@ def create_app(settings: PredictionSettings) -> FastAPI:
         finally:
             await watcher.stop()
 
-    app = FastAPI(
-        title="prediction_server",
-        summary="TTFT/TPOT predictions for LLM-serving schedulers (llm-d latency predictor API).",
-        lifespan=lifespan,
-        # The routes are raw Starlette routes (wire-contract.md documents them): nothing to show.
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-        # Prometheus covers metrics; with OpenTelemetry off FastAPI skips its per-request provider checks.
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-    )
-    app.router.routes.extend(api.routes())
+    app = Starlette(routes=api.routes(), lifespan=lifespan)
     install_error_handlers(app, on_error=metrics.count_error)
     app.state.settings = settings
     app.state.watcher = watcher
@@ -54,7 +47,7 @@ def create_app(settings: PredictionSettings) -> FastAPI:
     return app
 
 
-def create_app_from_env() -> FastAPI:
+def create_app_from_env() -> Starlette:
     """Factory for worker processes: settings come from ``PREDICTION_SERVER_*`` (set by ``__main__``)."""
     settings = PredictionSettings()
     configure_logging("prediction_server", settings.log_level)

@@ -42,7 +42,7 @@ from prediction_server.store_sources import (
 )
 from shared.artifacts import Manifest, verify_model_set
 from shared.errors import ArtifactError
-from shared.logging import log_event
+from shared.logging import log_event, log_task_failure
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -89,6 +89,7 @@ class StoreWatcher:
             await self._serve_prior()
         if self.source is not None:
             self._task = asyncio.create_task(self._poll_forever(), name="store-watcher")
+            self._task.add_done_callback(log_task_failure)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -216,7 +216,8 @@ class ServiceSettings(BaseSettings):
     )
     expose_internals: bool = Field(
         default=False,
-        description="Serve /docs and /redoc and show process ids and file paths in /status (debugging).",
+        description="Show process ids and file paths in /status, and the training server's /docs and "
+        "/redoc (debugging).",
     )
 
     _token: str | None = PrivateAttr(default=None)

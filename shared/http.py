@@ -1,21 +1,25 @@
-"""HTTP glue shared by the three FastAPI apps: errors, bodies, JSON responses, tokens.
+"""HTTP glue shared by the three apps (Starlette, and the training server's FastAPI): errors,
+bodies, JSON responses, tokens.
 
-Domain code raises ``shared.errors`` exceptions; ``install_error_handlers`` is the one
-place they become responses. Bodies are read with a byte limit before any parsing, and
-JSON goes out through orjson.
+Domain code raises ``shared.errors`` exceptions; ``error_response`` is the one place any
+exception becomes a response, used by the handlers ``install_error_handlers`` registers and by
+the coalescer's raw ASGI prediction handlers. Bodies are read with a byte limit before any
+parsing, and JSON goes out through orjson. Nothing here imports FastAPI.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from shared.errors import InvalidInput, PayloadTooLarge, ServiceError, Unauthorized
 from shared.logging import log_event
@@ -24,10 +28,15 @@ log = logging.getLogger(__name__)
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
 
 
-def json_response(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
-    """Serialise with orjson (numpy arrays and scalars included)."""
+def dump_json(content: Any) -> bytes:
+    """JSON bytes through orjson, numpy arrays and scalars included."""
+    return orjson.dumps(content, option=_JSON_OPTIONS)
+
+
+def json_response(content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON response serialised by ``dump_json``."""
     return Response(
-        orjson.dumps(content, option=_JSON_OPTIONS),
+        dump_json(content),
         status_code=status_code,
         headers=headers,
         media_type="application/json",
@@ -41,45 +50,68 @@ def error_body(exc: ServiceError) -> dict[str, Any]:
     return body
 
 
-def install_error_handlers(app: FastAPI, on_error: Callable[[ServiceError], None] | None = None) -> None:
-    """Map ``ServiceError`` (and FastAPI's own validation errors) to JSON responses.
+def error_response(
+    exc: Exception, path: str, on_error: Callable[[ServiceError], None] | None = None
+) -> Response:
+    """The response for any exception a handler raised: the one exception-to-HTTP mapping.
 
-    ``on_error`` is called for every mapped error, e.g. to count rejections by reason.
+    ``ServiceError``: its status, JSON body and headers (``on_error`` is called first, e.g. to
+    count rejections by reason); Starlette's ``HTTPException`` (404, 405): ``{"detail": ...}``
+    with its headers; anything else is logged and answers a bare 500.
     """
-
-    async def service_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ServiceError)
+    if isinstance(exc, ServiceError):
         if on_error is not None:
             on_error(exc)
         return json_response(error_body(exc), exc.status_code, exc.headers)
-
-    async def validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        errors = [{k: v for k, v in e.items() if k in ("type", "loc", "msg", "input")} for e in exc.errors()]
-        return await service_error(request, InvalidInput(errors))
-
-    async def unexpected_error(request: Request, exc: Exception) -> Response:
-        log_event(log, "unhandled_error", logging.ERROR, path=request.url.path, error=repr(exc))
-        return json_response({"detail": "internal error"}, 500)
-
-    app.add_exception_handler(ServiceError, service_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(Exception, unexpected_error)
+    if isinstance(exc, HTTPException):
+        if exc.status_code in (204, 304) or exc.status_code < 200:
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        return json_response({"detail": exc.detail}, exc.status_code, exc.headers)
+    log_event(log, "unhandled_error", logging.ERROR, path=path, error=repr(exc))
+    return json_response({"detail": "internal error"}, 500)
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the request body, refusing (413) anything over ``max_bytes`` before buffering it all."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+def install_error_handlers(app: Starlette, on_error: Callable[[ServiceError], None] | None = None) -> None:
+    """Answer every exception an app's routes raise through ``error_response``."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        return error_response(exc, request.url.path, on_error)
+
+    for kind in (ServiceError, HTTPException, Exception):
+        app.add_exception_handler(kind, handle)
+
+
+def check_declared_size(declared: int | None, max_bytes: int) -> None:
+    """413 at once for a ``Content-Length`` over ``max_bytes``, before a byte of the body is read."""
+    if declared is not None and declared > max_bytes:
         raise PayloadTooLarge(f"Request body of {declared} bytes exceeds the limit of {max_bytes} bytes")
+
+
+async def receive_body(
+    receive: Receive, max_bytes: int, disconnected: Callable[[], Exception] = ClientDisconnect
+) -> bytes:
+    """The body from ASGI ``receive`` messages, refusing (413) beyond ``max_bytes`` before buffering
+    it all; a client that hangs up raises ``disconnected()``."""
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise disconnected()
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise PayloadTooLarge(f"Request body exceeds the limit of {max_bytes} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """A route's request body, within ``max_bytes`` (``check_declared_size``, then ``receive_body``)."""
+    declared = request.headers.get("content-length")
+    check_declared_size(int(declared) if declared is not None and declared.isdigit() else None, max_bytes)
+    return await receive_body(request.receive, max_bytes)
 
 
 def check_token(request: Request, token: str | None) -> None:
@@ -92,14 +124,3 @@ def check_token(request: Request, token: str | None) -> None:
         supplied = authorization[7:].strip()
     if not hmac.compare_digest(supplied.encode(), token.encode()):
         raise Unauthorized()
-
-
-def docs_routes(expose: bool) -> dict[str, Any]:
-    """FastAPI's ``docs_url`` / ``redoc_url`` / ``openapi_url``: served only with ``--expose-internals``.
-
-    The wire contract (docs/wire-contract in the handbook) documents the API; an interactive page
-    on a production port only tells a stranger what to try.
-    """
-    if expose:
-        return {"docs_url": "/docs", "redoc_url": "/redoc", "openapi_url": "/openapi.json"}
-    return {"docs_url": None, "redoc_url": None, "openapi_url": None}

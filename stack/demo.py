@@ -33,16 +33,21 @@ import httpx
 import numpy as np
 import orjson
 
+from scheduler_client.feeder import FeederConfig, SampleFeeder
 from shared.logging import configure_logging, log_event
 from stack.dashboard import DemoSnapshot, LiveView
 from stack.demo_report import DemoRun, build_summary, format_summary
 from stack.demo_stats import LatencyWindow, Outcome, RollingAccuracy
-from stack.samples import SampleSender
 from stack.simulator import Cluster, PodConfig, SimRequest, Workload, WorkloadConfig, round_robin, simulate
 
 log = logging.getLogger(__name__)
 
 _WATCHDOG_EVERY_S = 0.5
+# The demo's feedback never gives a sample up while its services come and go (a 429/503 keeps the
+# batch and waits for Retry-After); only a refusal (422, other 4xx) drops entries.
+DEMO_FEEDER = FeederConfig(
+    max_buffered=100_000, backoff_max_s=8.0, max_retry_after_s=30.0, max_attempts=10**9
+)
 
 
 @dataclass(frozen=True)
@@ -104,15 +109,15 @@ class _Demo:
         self.started = time.monotonic()
         self.sim_end_s = 0.0
         self._next_watch = 0.0
-        self.sender: SampleSender | None = None
+        self.sender: SampleFeeder | None = None
         self.training_status: dict[str, Any] | None = None
 
     async def run(self) -> dict[str, Any]:
         cfg = self.cfg
         limits = httpx.Limits(max_connections=4, max_keepalive_connections=4)
         async with httpx.AsyncClient(timeout=cfg.call_timeout_s, limits=limits) as client:
-            self.sender = SampleSender(client, cfg.training_url)
-            sender_task = asyncio.create_task(self.sender.run(), name="demo-samples")
+            self.sender = SampleFeeder(cfg.training_url, client, DEMO_FEEDER)
+            await self.sender.start()
             view_task = asyncio.create_task(self._refresh(), name="demo-view")
             self.started = time.monotonic()
             try:
@@ -128,15 +133,14 @@ class _Demo:
                     self.requests += 1
                 self.sim_end_s = self.cluster.now_s
                 self._complete(self.cluster.drain(), scored=False)
-                await self._flush(sender_task)
+                await self._flush()
                 if cfg.training_server_url:
                     self.training_status = await self._training_status(client, cfg.training_server_url)
             finally:
                 view_task.cancel()
-                sender_task.cancel()
-                for task in (view_task, sender_task):
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                with contextlib.suppress(asyncio.CancelledError):
+                    await view_task
+                await self.sender.aclose(0.0)  # a no-op after _flush; else stops the sender
         wall_s = time.monotonic() - self.started
         self.view.update(self._snapshot(done=True))
         summary = build_summary(self._results(wall_s))
@@ -169,24 +173,16 @@ class _Demo:
             final_version=self.model_version,
             quantile=self.quantile,
             outcomes=self.outcomes,
-            samples={
-                "sent": sender.sent,
-                "accepted": sender.accepted,
-                "rejected": sender.rejected,
-                "throttled": sender.throttled,
-                "failed_calls": sender.failed_calls,
-                "dropped": sender.dropped,
-                "unsent": sender.queued,
-            },
+            samples=sample_counts(sender),
             round_robin_ttft_ms=[c.ttft_ms for c in baseline],
             round_robin_tpot_ms=[c.tpot_ms for c in baseline],
             training_server=self.training_status,
         )
 
-    async def _flush(self, sender_task: asyncio.Task[None]) -> None:
+    async def _flush(self) -> None:
         """Send what is still buffered, watching the services meanwhile."""
         assert self.sender is not None
-        closing = asyncio.create_task(self.sender.close(sender_task, self.cfg.final_flush_timeout_s))
+        closing = asyncio.create_task(self.sender.aclose(self.cfg.final_flush_timeout_s))
         try:
             while not closing.done():
                 await asyncio.wait({closing}, timeout=_WATCHDOG_EVERY_S)
@@ -203,7 +199,8 @@ class _Demo:
         try:
             while True:
                 status = (await client.get(url.rstrip("/") + "/status")).json()
-                delivered = status.get("intake", {}).get("accepted_samples", 0) >= self.sender.accepted
+                accepted = status.get("intake", {}).get("accepted_samples", 0)
+                delivered = accepted >= self.sender.counters.sent
                 if delivered or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
@@ -292,8 +289,8 @@ class _Demo:
             self.view.update(self._snapshot())
 
     def _snapshot(self, done: bool = False) -> DemoSnapshot:
-        sender = self.sender
-        assert sender is not None
+        assert self.sender is not None
+        samples = sample_counts(self.sender)
         return DemoSnapshot(
             wall_s=time.monotonic() - self.started,
             sim_s=min(self.cluster.now_s, self.cfg.duration_s),
@@ -308,13 +305,27 @@ class _Demo:
             quantile=self.quantile,
             ttft=self.ttft.recent(),
             tpot=self.tpot.recent(),
-            samples_sent=sender.sent,
-            samples_accepted=sender.accepted,
-            samples_queued=sender.queued,
-            samples_throttled=sender.throttled,
-            samples_rejected=sender.rejected,
+            samples_sent=samples["sent"],
+            samples_accepted=samples["accepted"],
+            samples_queued=samples["unsent"],
+            samples_throttled=samples["throttled"],
+            samples_rejected=samples["rejected"],
             done=done,
         )
+
+
+def sample_counts(feeder: SampleFeeder) -> dict[str, int]:
+    """The demo's view of its feedback: entries answered (``sent``), acknowledged, refused, ..."""
+    c = feeder.counters
+    return {
+        "sent": c.sent + c.rejected_invalid + c.dropped_after_retries,
+        "accepted": c.sent,
+        "rejected": c.rejected_invalid,
+        "throttled": c.throttled,
+        "failed_calls": c.retries,
+        "dropped": c.dropped_buffer_full + c.dropped_after_retries,
+        "unsent": feeder.buffered + c.dropped_on_close,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

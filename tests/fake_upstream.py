@@ -7,7 +7,8 @@ every caller got *its own* rows' predictions back, in order. Knobs (``POST /_con
 what real replicas do only rarely: a fixed or random delay (random delays complete concurrent
 calls out of order), failures (HTTP 500, 503 "Models not ready", a dropped connection, a hang,
 an answer one prediction short)
-for every call or the next N calls, and not-ready. ``GET /_counters`` tells how many calls and
+for every call or the next N calls, not-ready, and a gate that holds every prediction call until
+the test releases it (in process: ``knobs.gate``). ``GET /_counters`` tells how many calls and
 rows arrived, the largest batch and the most calls in flight at once.
 
 It also takes ``POST /add_training_data_bulk`` (counting samples, answering ``training_status``)
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import random
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +48,8 @@ class Knobs:
         self.training_status = 202  # what POST /add_training_data_bulk answers
         self.samples = 0  # training samples accepted (answered 202)
         self.training_calls = 0
+        self.gate: asyncio.Event | None = None  # when set to an Event, predictions wait for it
+        self.health_checks = 0  # GET /healthz answered
 
 
 def prediction(row: dict[str, Any], now: str) -> dict[str, Any]:
@@ -105,7 +106,9 @@ def create_app() -> FastAPI:
                 k.fail_next -= 1
                 if k.fail_next == 0:
                     k.fail = "none"
-            delay_s = (k.delay_ms + random.uniform(0, k.jitter_ms)) / 1000.0
+            delay_s = (k.delay_ms + random.uniform(0, k.jitter_ms)) / 1000.0  # as set when it arrived
+            if k.gate is not None:  # held until the test releases it: "busy" without guessing a delay
+                await k.gate.wait()
             if delay_s:
                 await asyncio.sleep(delay_s)
             if fail == "500":
@@ -173,6 +176,7 @@ def create_app() -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> Response:
+        k.health_checks += 1
         return json({"status": "ok"})
 
     @app.get("/readyz")
@@ -207,34 +211,6 @@ def _transport(request: Request) -> Any:
     receive = request.receive
     cycle = getattr(receive, "__self__", None)
     return getattr(cycle, "transport", None)
-
-
-@contextlib.asynccontextmanager
-async def serve_in_loop(app: Any) -> AsyncIterator[str]:
-    """Run ``app`` under uvicorn on a free loopback port in the current event loop; yields its URL."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=0,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=1,
-        )
-    )
-    task = asyncio.get_running_loop().create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("server exited before starting")
-            await asyncio.sleep(0.01)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
 
 
 def main() -> None:

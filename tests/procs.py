@@ -4,24 +4,31 @@
 ``python -m training_server --host 127.0.0.1 --port <free>`` plus the given flags, waits
 until ``GET /healthz`` answers, and returns a handle that stops the process (SIGTERM,
 then SIGKILL after a timeout) when closed. Logs go to a file under the pytest tmp dir so
-a failing test can show them.
+a failing test can show them (the ``start`` fixture of ``tests/conftest.py`` stops them too).
+
+Also the tests' one condition wait (``wait_until``; ``eventually`` in an event loop) and the
+in-process servers: ``serve_in_loop(app)`` (uvicorn on a free port in the test's loop) and
+``coalescer_in_loop`` (a real coalescer app in front of fault-injecting fake replicas).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +75,9 @@ class RunningService:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+StartService = Callable[..., RunningService]  # the ``start`` fixture of tests/conftest.py
 
 
 def start_service(
@@ -117,10 +127,101 @@ def get_json(url: str, timeout_s: float = 10.0) -> Any:
     return httpx.get(url, timeout=timeout_s).json()
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
-    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``."""
+def wait_until(
+    predicate: Callable[[], Any],
+    what: str | Callable[[], str] = "condition",
+    timeout_s: float = 30.0,
+    poll_s: float = 0.05,
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy (returned), or fail naming ``what``
+    (a callable ``what`` is asked at the failure, to show the state then).
+
+    The one condition wait of the tests: never a fixed sleep to observe an effect. An HTTP error
+    from ``predicate`` (a server still starting or restarting) counts as "not yet".
+    """
     deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
+    while True:
+        try:
+            value = predicate()
+            error = None
+        except httpx.HTTPError as exc:
+            value, error = None, exc
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            described = what if isinstance(what, str) else what()
+            last = f" (last error {error!r})" if error is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {described}{last}")
+        time.sleep(poll_s)
+
+
+async def eventually(
+    check: Callable[[], Any], what: str = "condition", timeout_s: float = 10.0, poll_s: float = 0.01
+) -> Any:
+    """``wait_until`` for tests running in an event loop: ``check`` may be sync or async."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        await asyncio.sleep(poll_s)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_loop(app: Any) -> AsyncIterator[str]:
+    """Run ``app`` under uvicorn on a free loopback port in the current event loop; yields its URL."""
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=0,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+        )
+    )
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        await eventually(lambda: server.started or task.done(), "uvicorn to start")
+        if task.done():
+            task.result()
+            raise RuntimeError("server exited before starting")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@contextlib.asynccontextmanager
+async def coalescer_in_loop(
+    replicas: int = 1, *, training: bool = False, **settings: Any
+) -> AsyncIterator[tuple[httpx.AsyncClient, list[Any]]]:
+    """A real coalescer app (its lifespan, batcher and hot-path client) in front of ``replicas``
+    fault-injectable fake replicas, all under uvicorn in the current loop; waits until the
+    coalescer is ready and yields a client for it and the fakes' knobs (``tests.fake_upstream``).
+    ``training=True`` makes the first fake play the training server too."""
+    from coalescer.app import create_app
+    from coalescer.config import CoalescerSettings
+    from tests.fake_upstream import create_app as fake_replica
+
+    async with contextlib.AsyncExitStack() as exits:
+        apps = [fake_replica() for _ in range(replicas)]
+        urls = [await exits.enter_async_context(serve_in_loop(app)) for app in apps]
+        if training:
+            settings.setdefault("training_url", urls[0])
+        coalescer = create_app(CoalescerSettings(prediction_urls=urls, **settings))
+        base = await exits.enter_async_context(serve_in_loop(coalescer))
+        client = await exits.enter_async_context(
+            httpx.AsyncClient(base_url=base, timeout=10.0, limits=httpx.Limits(max_connections=1000))
+        )
+
+        async def ready() -> bool:
+            return (await client.get("/readyz")).status_code == 200
+
+        await eventually(ready, "the coalescer to see a ready replica")
+        yield client, [app.state.knobs for app in apps]

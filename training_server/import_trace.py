@@ -20,7 +20,6 @@ in the order given, with increasing timestamps ``--spacing-s`` apart ending now.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from shared.client import bearer_headers, retry_after_s
 from shared.errors import InvalidInput
 from shared.schemas import Columns, parse_training_entries
 from training_server.config import TrainingSettings
@@ -118,9 +118,7 @@ def import_online(
     """POST ``entries`` in batches; retry a batch after Retry-After on 429/503 until ``timeout_s``."""
     import httpx
 
-    headers = {"content-type": "application/json"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
+    headers = {"content-type": "application/json", **bearer_headers(token)}
     deadline = time.monotonic() + timeout_s
     sent = retries = 0
     target = url.rstrip("/") + "/add_training_data_bulk"
@@ -136,18 +134,11 @@ def import_online(
                     break
                 if resp.status_code in (429, 503) and time.monotonic() < deadline:
                     retries += 1
-                    time.sleep(_retry_after(resp.headers.get("retry-after")))
+                    hinted = retry_after_s(resp.headers, 30.0)
+                    time.sleep(1.0 if hinted is None else max(hinted, 0.05))
                     continue
                 raise RuntimeError(f"{target} answered {resp.status_code}: {resp.text[:300]}")
     return {"sent": sent, "retries": retries}
-
-
-def _retry_after(value: str | None) -> float:
-    try:
-        seconds = float(value) if value is not None else 1.0
-    except ValueError:
-        seconds = 1.0
-    return min(max(seconds, 0.05), 30.0) if math.isfinite(seconds) else 1.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

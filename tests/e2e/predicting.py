@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import random
-import threading
-import time
 from typing import Any
 
 import httpx
 import orjson
 
+from tests.load import LoadThreads
 
-class Predicting:
+
+class Predicting(LoadThreads):
     """One thread per URL calling ``/predict/bulk/strict`` back to back with ``rows``.
 
     ``errors`` collects every failed call; ``versions[url]`` lists the ``model_version`` of every
@@ -19,35 +19,23 @@ class Predicting:
     """
 
     def __init__(self, urls: list[str], rows: list[dict[str, Any]]) -> None:
-        self.errors: list[str] = []
+        super().__init__(threads=len(urls))
+        self.urls = urls
         self.versions: dict[str, list[str]] = {url: [] for url in urls}
         self._body = orjson.dumps({"requests": rows})
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(url,), daemon=True) for url in urls]
 
-    def _run(self, url: str) -> None:
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                try:
-                    response = client.post(url + "/predict/bulk/strict", content=self._body)
-                except httpx.HTTPError as exc:
-                    self.errors.append(f"{url}: {exc!r}")
-                    continue
-                if response.status_code != 200:
-                    self.errors.append(f"{url}: {response.status_code} {response.text[:200]}")
-                    continue
-                self.versions[url].extend(p["model_version"] for p in response.json()["predictions"])
-                time.sleep(0.005)
-
-    def __enter__(self) -> Predicting:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
+    def step(self, client: httpx.Client, worker: int) -> None:
+        url = self.urls[worker]
+        try:
+            response = client.post(url + "/predict/bulk/strict", content=self._body)
+        except httpx.HTTPError as exc:
+            self.errors.append(f"{url}: {exc!r}")
+            return
+        if response.status_code != 200:
+            self.errors.append(f"{url}: {response.status_code} {response.text[:200]}")
+            return
+        self.versions[url].extend(p["model_version"] for p in response.json()["predictions"])
+        self.pause(0.005)
 
 
 def random_row(rng: random.Random) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import pytest
 
 from coalescer.http1 import Http1Pool
 from tests.e2e.predicting import random_row
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, eventually, start_service
 
 pytestmark = pytest.mark.e2e
 
@@ -276,7 +276,13 @@ async def test_samples_wait_out_a_training_server_restart_and_are_never_acknowle
             pending = asyncio.create_task(
                 client.post("/add_training_data_bulk", json={"entries": entries(250)})
             )
-            await asyncio.sleep(1.0)
+
+            async def relay_failed() -> bool:
+                text = (await client.get("/metrics")).text
+                return 'coalescer_relay_batches_total{outcome="network"}' in text
+
+            # The relay tried the stopped training server and keeps trying (its budget is 90 s) ...
+            await eventually(relay_failed, "a relay attempt that found nobody", timeout_s=20, poll_s=0.05)
             assert not pending.done()  # ... and is not acknowledged while nobody has the samples
             fleet.training = start_service(
                 "training_server",

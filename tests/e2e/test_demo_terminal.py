@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_stack_launcher import free_base_port
-from tests.procs import REPO_ROOT
+from tests.procs import REPO_ROOT, wait_until
 from tests.terminal_screen import Screen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -118,15 +118,14 @@ def test_the_stack_after_the_demo_starts_from_an_empty_window_and_the_prior(tmp_
     )
     try:
         url, replica_url = f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 2}"
-        deadline = time.monotonic() + 120
-        status = replica = None
-        while time.monotonic() < deadline and replica is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(replica_url + "/readyz", timeout=1).status_code == 200:
-                    status = httpx.get(url + "/status", timeout=5).json()
-                    replica = httpx.get(replica_url + "/status", timeout=5).json()
-            time.sleep(0.2)
-        assert status is not None and replica is not None, "the stack did not start"
+        wait_until(
+            lambda: httpx.get(replica_url + "/readyz", timeout=1).status_code == 200,
+            "the stack to start",
+            timeout_s=120,
+            poll_s=0.2,
+        )
+        status = httpx.get(url + "/status", timeout=5).json()
+        replica = httpx.get(replica_url + "/status", timeout=5).json()
         assert status["window"]["samples"] == 0
         assert status["is_prior"] is True
         assert replica["model_kind"] == "prior"

@@ -24,10 +24,9 @@ import asyncio
 import contextlib
 import os
 import signal
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,8 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.procs import RunningService, start_service
+from tests.load import LoadThreads
+from tests.procs import RunningService, StartService, eventually, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
@@ -46,66 +46,41 @@ ROWS = synthetic.to_entries(synthetic.pod_states(8, np.random.default_rng(0)))
 
 @contextlib.contextmanager
 def stack(
-    tmp_path: Path, replicas: int, *coalescer_flags: str
+    start: StartService, replicas: int, *coalescer_flags: str
 ) -> Iterator[tuple[RunningService, list[RunningService]]]:
-    logs = tmp_path / "logs"
-    started: list[RunningService] = []
-    try:
-        for _ in range(replicas):
-            started.append(start_service("prediction_server", [], log_dir=logs, ready_path="/readyz"))
-        urls = ",".join(s.url for s in started)
-        coalescer = start_service(
-            "coalescer", ["--prediction-urls", urls, *coalescer_flags], log_dir=logs, ready_path="/readyz"
-        )
-        started.append(coalescer)
-        _wait(lambda: _healthy(coalescer) == replicas, "every replica healthy")
-        yield coalescer, started[:-1]
-    finally:
-        for service in started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(service.proc.pid, signal.SIGCONT)
-            service.stop()
+    """``replicas`` real prediction replicas and a coalescer in front, every replica healthy; the
+    ``start`` fixture stops them (after a SIGCONT) when the test ends."""
+    started = [start("prediction_server", [], ready_path="/readyz") for _ in range(replicas)]
+    urls = ",".join(s.url for s in started)
+    coalescer = start("coalescer", ["--prediction-urls", urls, *coalescer_flags], ready_path="/readyz")
+    wait_until(lambda: _healthy(coalescer) == replicas, "every replica healthy")
+    yield coalescer, started
 
 
-class Callers:
+class Callers(LoadThreads):
     """Threads calling the coalescer back to back; statuses and transport errors are counted."""
 
     def __init__(self, url: str, threads: int = 4) -> None:
+        super().__init__(threads)
         self.url = url
         self.statuses: Counter[int] = Counter()
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+        self._body = orjson.dumps({"requests": ROWS})
 
-    def _run(self) -> None:
-        body = orjson.dumps({"requests": ROWS})
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                try:
-                    response = client.post(self.url + "/predict/bulk/strict", content=body)
-                except httpx.HTTPError as exc:
-                    with self._lock:
-                        self.errors.append(repr(exc))
-                    continue
-                with self._lock:
-                    self.statuses[response.status_code] += 1
-                if response.status_code == 200:
-                    assert len(response.json()["predictions"]) == len(ROWS)
+    def step(self, client: httpx.Client, worker: int) -> None:
+        try:
+            response = client.post(self.url + "/predict/bulk/strict", content=self._body)
+        except httpx.HTTPError as exc:
+            with self.lock:
+                self.errors.append(repr(exc))
+            return
+        with self.lock:
+            self.statuses[response.status_code] += 1
+        if response.status_code == 200:
+            assert len(response.json()["predictions"]) == len(ROWS)
 
     @property
     def answered(self) -> int:
         return self.statuses[200]
-
-    def __enter__(self) -> Callers:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
 
 
 def _replicas(coalescer: RunningService) -> dict[str, dict[str, Any]]:
@@ -117,23 +92,14 @@ def _healthy(coalescer: RunningService) -> int:
     return sum(r["state"] == "healthy" for r in _replicas(coalescer).values())
 
 
-def _wait(predicate: Callable[[], bool], what: Callable[[], str] | str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, (
-            f"timed out waiting for {what if isinstance(what, str) else what()}"
-        )
-        time.sleep(0.05)
-
-
-def test_a_replica_killed_under_load_costs_callers_nothing(tmp_path: Path) -> None:
-    with stack(tmp_path, 3, "--deadline-ms", "500", "--eject-cooldown-s", "30") as (coalescer, replicas):
+def test_a_replica_killed_under_load_costs_callers_nothing(start: StartService) -> None:
+    with stack(start, 3, "--deadline-ms", "500", "--eject-cooldown-s", "30") as (coalescer, replicas):
         victim = replicas[0]
         with Callers(coalescer.url) as callers:
-            _wait(lambda: callers.answered >= 200, "load before the kill")
+            wait_until(lambda: callers.answered >= 200, "load before the kill")
             victim.kill()
             at_kill = callers.answered
-            _wait(lambda: callers.answered >= at_kill + 300, "load after the kill")
+            wait_until(lambda: callers.answered >= at_kill + 300, "load after the kill")
         states = {url: r["state"] for url, r in _replicas(coalescer).items()}
     assert callers.errors == []
     assert set(callers.statuses) <= {200, 504}, callers.statuses  # expired deadlines at worst
@@ -141,30 +107,38 @@ def test_a_replica_killed_under_load_costs_callers_nothing(tmp_path: Path) -> No
     assert states[victim.url] == "ejected" and sorted(states.values()) == ["ejected", "healthy", "healthy"]
 
 
-def test_a_stopped_replica_loses_its_traffic_and_gets_it_back_after_sigcont(tmp_path: Path) -> None:
+def test_a_stopped_replica_loses_its_traffic_and_gets_it_back_after_sigcont(start: StartService) -> None:
     flags = ("--deadline-ms", "400", "--eject-cooldown-s", "1", "--probe-interval-s", "0.2")
-    with stack(tmp_path, 2, *flags) as (coalescer, replicas):
+    with stack(start, 2, *flags) as (coalescer, replicas):
         slow = replicas[0]
         with Callers(coalescer.url) as callers:
-            _wait(
+            wait_until(
                 lambda: callers.answered >= 100 and _replicas(coalescer)[slow.url]["calls"] > 0,
                 lambda: f"warm load: {callers.statuses} {callers.errors[:3]} {_replicas(coalescer)}",
             )
             os.killpg(slow.proc.pid, signal.SIGSTOP)
             try:
-                _wait(
+                wait_until(
                     lambda: _replicas(coalescer)[slow.url]["state"] == "ejected",
                     "the stopped replica ejected",
                 )
                 stopped_calls = _replicas(coalescer)[slow.url]["calls"]
                 answered = callers.answered
-                time.sleep(2.0)  # two cool-downs: each probe of the stopped replica times out
+                # Its cool-down ends, the probe of the stopped replica times out: still ejected.
+                wait_until(
+                    lambda: str(_replicas(coalescer)[slow.url]["last_error"]).startswith("/readyz failed"),
+                    "a probe of the stopped replica to time out",
+                )
+                wait_until(
+                    lambda: callers.answered >= answered + 100, "the other replica to take the traffic"
+                )
                 assert _replicas(coalescer)[slow.url]["calls"] == stopped_calls, "traffic went to it"
-                assert callers.answered >= answered + 100, "the other replica took the traffic"
             finally:
                 os.killpg(slow.proc.pid, signal.SIGCONT)
-            _wait(lambda: _replicas(coalescer)[slow.url]["state"] == "healthy", "the replica probed back")
-            _wait(lambda: _replicas(coalescer)[slow.url]["calls"] > stopped_calls, "traffic back on it")
+            wait_until(
+                lambda: _replicas(coalescer)[slow.url]["state"] == "healthy", "the replica probed back"
+            )
+            wait_until(lambda: _replicas(coalescer)[slow.url]["calls"] > stopped_calls, "traffic back on it")
     assert callers.errors == []
     assert set(callers.statuses) <= {200, 504}, callers.statuses
     assert callers.statuses[504] <= 8, callers.statuses
@@ -189,11 +163,16 @@ async def _overload_round(
     limits = httpx.Limits(max_connections=flood_callers + 10, max_keepalive_connections=flood_callers + 10)
     async with httpx.AsyncClient(timeout=10, limits=limits) as client:
         post = lambda: client.post(url + "/predict/bulk/strict", content=body)  # noqa: E731
+
+        async def gauge(name: str) -> float:
+            text = (await client.get(url + "/metrics")).text
+            return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
+
         # One call in flight to the stopped replica, one queued: the queue is over its bound.
         fillers = [asyncio.create_task(post())]
-        await asyncio.sleep(0.2)
+        await eventually(lambda: gauge("coalescer_inflight_calls"), "a call in flight to the stopped replica")
         fillers.append(asyncio.create_task(post()))
-        await asyncio.sleep(0.2)
+        await eventually(lambda: gauge("coalescer_queue_rows"), "a caller queued behind it")
         timed = []
         for _ in range(20):
             started = time.perf_counter()
@@ -205,9 +184,9 @@ async def _overload_round(
     return statuses, timed
 
 
-def test_overload_is_shed_with_fast_503s_and_memory_stays_flat(tmp_path: Path) -> None:
+def test_overload_is_shed_with_fast_503s_and_memory_stays_flat(start: StartService) -> None:
     flags = ("--deadline-ms", "3000", "--max-queued-rows", "100", "--max-inflight-per-replica", "1")
-    with stack(tmp_path, 1, *flags) as (coalescer, (replica,)):
+    with stack(start, 1, *flags) as (coalescer, (replica,)):
         os.killpg(replica.proc.pid, signal.SIGSTOP)  # nothing drains: admitted rows wait until their deadline
         try:
             rss = [_rss_kib(coalescer.proc.pid)]
@@ -236,4 +215,4 @@ def test_overload_is_shed_with_fast_503s_and_memory_stays_flat(tmp_path: Path) -
         assert rss[-1] - rss[1] < 20 * 1024, rss
         # The replica is back: the coalescer answers again.
         recovered = lambda: httpx.post(coalescer.url + "/predict/bulk/strict", json={"requests": ROWS})  # noqa: E731
-        _wait(lambda: recovered().status_code == 200, "recovery after SIGCONT")
+        wait_until(lambda: recovered().status_code == 200, "recovery after SIGCONT")

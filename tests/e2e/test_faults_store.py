@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ import pytest
 
 from shared.artifacts import MANIFEST_FILE, ModelStore
 from tests.e2e.predicting import Predicting
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, start_service, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
@@ -74,13 +73,6 @@ def _status(url: str) -> dict[str, Any]:
     return body
 
 
-def _wait(predicate: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _feed_and_retrain(training: RunningService, seed: int) -> str:
     entries = synthetic.to_entries(synthetic.samples(3000, np.random.default_rng(seed)))
     response = httpx.post(
@@ -88,7 +80,7 @@ def _feed_and_retrain(training: RunningService, seed: int) -> str:
     )
     assert response.status_code == 202
     target = 3000 * (seed + 1)
-    _wait(lambda: _status(training.url)["window"]["samples"] >= target, "samples in the window")
+    wait_until(lambda: _status(training.url)["window"]["samples"] >= target, "samples in the window")
     outcome = httpx.post(training.url + "/retrain", params={"wait": "true"}, timeout=60).json()
     assert outcome["outcome"] == "published", outcome
     version: str = outcome["version"]
@@ -113,19 +105,32 @@ def test_truncated_files_in_the_store_are_refused_and_the_trained_version_keeps_
                 )
             )
         urls = [r.url for r in replicas]
-        _wait(lambda: all(_status(url)["model_version"] == good for url in urls), f"both to serve {good}")
+        wait_until(
+            lambda: all(_status(url)["model_version"] == good for url in urls), f"both to serve {good}"
+        )
         store = ModelStore(data_dir / "models")
         with Predicting(urls, ROWS) as predicting:
             truncated = _damaged_copy(store, good, _truncate_model)
-            _wait(lambda: all(truncated in _status(url)["refused_versions"] for url in urls), "refusals")
+            wait_until(lambda: all(truncated in _status(url)["refused_versions"] for url in urls), "refusals")
             unreadable = _damaged_copy(store, good, _truncate_manifest)
-            _wait(lambda: all(len(_status(url)["refused_versions"]) == 2 for url in urls), "second refusals")
-            time.sleep(0.5)  # more polls: refusals are remembered, the good version keeps answering
+            wait_until(
+                lambda: all(len(_status(url)["refused_versions"]) == 2 for url in urls), "second refusals"
+            )
+            # More polls (0.1 s each) while the good version keeps answering: refusals are remembered.
+            answered = {url: len(v) for url, v in predicting.versions.items()}
+            wait_until(
+                lambda: all(
+                    len(v) >= answered[url] + 40 * len(ROWS) for url, v in predicting.versions.items()
+                ),
+                "more predictions after the refusals",
+            )
             damaged_versions = {url: set(v) for url, v in predicting.versions.items()}
             statuses = {url: _status(url) for url in urls}
             # The training server's own current version is unreadable: it still trains and publishes.
             recovered = _feed_and_retrain(training, seed=1)
-            _wait(lambda: all(_status(url)["model_version"] == recovered for url in urls), "the next version")
+            wait_until(
+                lambda: all(_status(url)["model_version"] == recovered for url in urls), "the next version"
+            )
         assert predicting.errors == [], predicting.errors[:5]
         for url in urls:
             assert damaged_versions[url] == {good}, damaged_versions

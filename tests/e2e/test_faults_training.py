@@ -13,8 +13,6 @@ prediction availability.
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -23,6 +21,7 @@ import orjson
 import pytest
 
 from tests.e2e.predicting import Predicting
+from tests.load import LoadThreads
 from tests.procs import RunningService, free_port, get_json, start_service, wait_until
 from training_server import synthetic
 
@@ -39,44 +38,33 @@ TRAINING_FLAGS = [
 ROWS = synthetic.to_entries(synthetic.pod_states(8, np.random.default_rng(0)))
 
 
-class Feeding:
+class Feeding(LoadThreads):
     """A thread posting 250-sample batches every 50 ms; connection errors (a dead server) are retried."""
 
     def __init__(self, url: str) -> None:
+        super().__init__()
         self.url = url
         self.accepted = 0
         self.failed_calls = 0
         self.other: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._seed = 1000
 
-    def _run(self) -> None:
-        seed = 1000
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                entries = synthetic.to_entries(synthetic.samples(250, np.random.default_rng(seed)))
-                try:
-                    response = client.post(
-                        self.url + "/add_training_data_bulk", content=orjson.dumps({"entries": entries})
-                    )
-                except httpx.HTTPError:
-                    self.failed_calls += 1
-                    time.sleep(0.1)
-                    continue
-                if response.status_code == 202:
-                    self.accepted += 250
-                    seed += 1
-                elif response.status_code != 429:
-                    self.other.append(f"{response.status_code} {response.text[:200]}")
-                time.sleep(0.05)
-
-    def __enter__(self) -> Feeding:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+    def step(self, client: httpx.Client, worker: int) -> None:
+        entries = synthetic.to_entries(synthetic.samples(250, np.random.default_rng(self._seed)))
+        try:
+            response = client.post(
+                self.url + "/add_training_data_bulk", content=orjson.dumps({"entries": entries})
+            )
+        except httpx.HTTPError:
+            self.failed_calls += 1
+            self.pause(0.1)
+            return
+        if response.status_code == 202:
+            self.accepted += 250
+            self._seed += 1
+        elif response.status_code != 429:
+            self.other.append(f"{response.status_code} {response.text[:200]}")
+        self.pause(0.05)  # pacing: about 5,000 samples/s at most
 
 
 def _retrain(url: str) -> str:
@@ -126,7 +114,14 @@ def test_sigkill_mid_ingest_then_restart_resumes_the_window_while_replicas_keep_
             training.kill()  # SIGKILL while the feeder keeps posting: no shutdown hook, no final save
             saved = _saved_samples(window_file)
             calls_at_kill = {url: len(v) for url, v in predicting.versions.items()}
-            time.sleep(1.5)  # both replicas answer alone; the remote one cannot reach its store
+            wait_until(  # both replicas answer alone; the remote one cannot reach its store
+                lambda: (
+                    all(len(v) >= calls_at_kill[url] + 20 for url, v in predicting.versions.items())
+                    and feeding.failed_calls > 0
+                    and get_json(urls[1] + "/status")["store_reachable"] is False
+                ),
+                "both replicas answering through the outage",
+            )
             outage = {url: v[calls_at_kill[url] :] for url, v in predicting.versions.items()}
             training = start_service("training_server", flags, log_dir=logs, port=port)
             services.append(training)

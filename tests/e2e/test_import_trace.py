@@ -8,14 +8,13 @@ import lzma
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pandas as pd
 import pytest
 
-from tests.procs import REPO_ROOT, start_service
+from tests.procs import REPO_ROOT, get_json, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -44,14 +43,13 @@ def trace_lines() -> int:
 
 
 def wait_status(url: str, predicate, timeout_s: float) -> dict:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    status: dict = {}
-    while time.monotonic() < deadline:
-        status = httpx.get(url + "/status", timeout=5).json()
-        if predicate(status):
-            return status
-        time.sleep(0.2)
-    raise AssertionError(f"condition not met in {timeout_s}s: {status}")
+    """The training server's /status once ``predicate`` holds for it."""
+    return wait_until(  # type: ignore[no-any-return]
+        lambda: status if predicate(status := get_json(url + "/status")) else None,
+        lambda: f"a status like that: {get_json(url + '/status')}",
+        timeout_s,
+        poll_s=0.2,
+    )
 
 
 def test_the_three_traces_load_offline_and_a_started_server_trains_on_them(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.load import LoadThreads
 from tests.procs import RunningService, start_service, wait_until
 from training_server import synthetic
 
@@ -76,48 +76,33 @@ def test_sigkill_right_after_202s_loses_nothing(tmp_path: Path) -> None:
     assert not list((data_dir / "journal").glob("journal-*.log"))
 
 
-class _Feeder:
+class _Feeder(LoadThreads):
     """Threads posting 500-sample batches with unique ids; records which ones got a 202."""
 
     def __init__(self, url: str, threads: int = 4) -> None:
+        super().__init__(threads)
         self.url = url
         self.acked: list[range] = []
         self.sent: list[range] = []
         self._next = 1
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                with self._lock:
-                    ids = range(self._next, self._next + 500)
-                    self._next += 500
-                    self.sent.append(ids)
-                try:
-                    response = client.post(
-                        self.url + "/add_training_data_bulk", content=_body(ids.start, 500)
-                    )
-                except httpx.HTTPError:
-                    return  # the server died under us: this batch was never acknowledged
-                if response.status_code == 202:
-                    with self._lock:
-                        self.acked.append(ids)
+    def step(self, client: httpx.Client, worker: int) -> bool:
+        with self.lock:
+            ids = range(self._next, self._next + 500)
+            self._next += 500
+            self.sent.append(ids)
+        try:
+            response = client.post(self.url + "/add_training_data_bulk", content=_body(ids.start, 500))
+        except httpx.HTTPError:
+            return False  # the server died under us: this batch was never acknowledged
+        if response.status_code == 202:
+            with self.lock:
+                self.acked.append(ids)
+        return True
 
     def acked_count(self) -> int:
-        with self._lock:
+        with self.lock:
             return sum(len(r) for r in self.acked)
-
-    def __enter__(self) -> _Feeder:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10)
 
 
 @pytest.mark.parametrize("fsync", ["always", "everysec"])

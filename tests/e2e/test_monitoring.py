@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import lzma
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.procs import REPO_ROOT, RunningService, start_service
+from tests.procs import REPO_ROOT, RunningService, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -100,10 +99,11 @@ def _drive(training: RunningService, coalescer: RunningService) -> None:
         )
     assert httpx.post(coalescer.url + "/predict/bulk/strict", content=b"{").status_code == 422  # a rejection
     assert httpx.post(coalescer.url + "/add_training_data_bulk", json={"entries": entries}).status_code == 202
-    deadline = time.monotonic() + 60
-    while httpx.get(training.url + "/status").json()["window"]["samples"] < len(entries):
-        assert time.monotonic() < deadline, "relayed samples never reached the window"
-        time.sleep(0.2)
+    wait_until(
+        lambda: httpx.get(training.url + "/status").json()["window"]["samples"] >= len(entries),
+        "relayed samples in the window",
+        timeout_s=60,
+    )
     done = httpx.post(training.url + "/retrain?wait=true", timeout=120).json()
     assert done["outcome"] == "published", done
 
@@ -111,10 +111,9 @@ def _drive(training: RunningService, coalescer: RunningService) -> None:
 def test_every_series_in_the_dashboard_and_rules_exists(services: list[RunningService]) -> None:
     training, replica, coalescer = services
     _drive(training, coalescer)
-    deadline = time.monotonic() + 30  # the replica picks the new version up on its next poll
-    while httpx.get(replica.url + "/status").json()["model_kind"] != "trained":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(  # the replica picks the new version up on its next poll
+        lambda: httpx.get(replica.url + "/status").json()["model_kind"] == "trained", "a trained model served"
+    )
     sampled: set[str] = set()
     declared: set[str] = set()
     texts = []

@@ -6,7 +6,6 @@ only that regime's predictions. And a drift event retrains at once."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 from shared.artifacts import Manifest
 from shared.features import build_features
 from shared.regimes import DEFAULT_SCHEME
-from tests.procs import start_service
+from tests.procs import start_service, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
@@ -29,16 +28,6 @@ BASE_FLAGS = [
     "--min-new-samples", "10000000", "--retrain-interval-s", "3600", "--n-estimators", "30",
     "--min-train-samples", "200", "--trainer-nice", "0",
 ]  # fmt: skip
-
-
-def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _shifted_samples(n: int, seed: int, factor: float) -> dict[str, np.ndarray]:
@@ -59,7 +48,7 @@ def _post(client: httpx.Client, url: str, columns: dict[str, np.ndarray]) -> Non
 def _train(client: httpx.Client, url: str) -> Manifest:
     for seed in range(5):
         _post(client, url, synthetic.samples(1000, np.random.default_rng(seed)))
-    _wait(lambda: client.get(url + "/status").json()["live"]["pending_samples"] == 0, 30, "scoring")
+    wait_until(lambda: client.get(url + "/status").json()["live"]["pending_samples"] == 0, "scoring", 30)
     outcome = client.post(url + "/retrain", params={"wait": "true"}, timeout=120).json()
     assert outcome["outcome"] == "published", outcome
     return Manifest.from_json(client.get(url + "/models/current").content)
@@ -96,7 +85,9 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
         trained = _train(client, ts.url)
         store = ["--store", str(data / "models"), "--poll-interval-s", "0.1"]
         with start_service("prediction_server", store, log_dir=logs, ready_path="/readyz") as ps:
-            _wait(lambda: client.get(ps.url + "/status").json()["model_version"] == trained.version, 10, "T")
+            wait_until(
+                lambda: client.get(ps.url + "/status").json()["model_version"] == trained.version, "T", 10
+            )
             rows, shifted = _probe_rows()
             ttft_before, tpot_before, _ = _predict(client, ps.url, rows)
 
@@ -108,7 +99,7 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
 
             for seed in range(30):
                 _post(client, ts.url, _shifted_samples(100, 100 + seed, factor=2.0))
-                _wait(scored, 30, "scoring")
+                wait_until(scored, "scoring", 30)
 
             def calibrated() -> Manifest | None:
                 m = Manifest.from_json(client.get(ts.url + "/models/current").content)
@@ -117,20 +108,22 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
                     return None
                 return m if offsets.offsets[DEFAULT_SCHEME.labels().index(SHIFTED)] > 0.3 else None
 
-            version = _wait(calibrated, 10, "a calibration version with the shifted regime corrected")
-            time.sleep(1.5)  # let the last rate-limited publication out, then read what is current
+            version = wait_until(calibrated, "a calibration version with the shifted regime corrected", 10)
+            # Pacing, not observing: calibration versions are rate-limited to one a second and
+            # nothing tells that the last one is out; give it 1.5 s, then read what is current.
+            time.sleep(1.5)
             version = Manifest.from_json(client.get(ts.url + "/models/current").content)
             assert version.kind == "calibrated"
             for name in ("ttft", "tpot"):
                 assert version.models[name].sha256 == trained.models[name].sha256
                 assert version.models[name].file == trained.models[name].file
 
-            status = _wait(
+            status = wait_until(
                 lambda: (
                     (s := client.get(ps.url + "/status").json())["model_version"] == version.version and s
                 ),
-                5,
                 "the replica to serve the calibration version",
+                5,
             )
             switch_s = (
                 datetime.fromisoformat(status["last_model_load"]) - datetime.fromisoformat(version.created_at)
@@ -177,7 +170,7 @@ def test_a_drift_event_retrains_at_once(tmp_path: Path) -> None:
             return status if status["training"]["runs"] > runs and not status["training"]["running"] else None
 
         try:
-            status = _wait(retrained, 60, "a retrain nobody asked for")
+            status = wait_until(retrained, "a retrain nobody asked for", 60)
         except AssertionError:
             print(orjson.dumps(client.get(ts.url + "/status").json(), option=orjson.OPT_INDENT_2).decode())
             print(ts.logs()[-3000:])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 
 from shared.artifacts import ModelStore
+from tests.load import LoadThreads
 from tests.prediction_support import (
     ROW,
     publish_corrupt,
@@ -22,7 +22,7 @@ from tests.prediction_support import (
     serve_store_over_http,
     train_models,
 )
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -41,43 +41,30 @@ def metric_total(url: str, name: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
-class Hammer:
+class Hammer(LoadThreads):
     """Threads sending /predict/bulk/strict back to back; records every failure and answering version."""
 
     def __init__(self, url: str, threads: int = 2, rows: int = 20) -> None:
+        super().__init__(threads, timeout_s=10)
         self.url = url
         self.body = {"requests": random_rows(rows, np.random.default_rng(0))}
-        self.errors: list[str] = []
         self.versions: set[str] = set()
         self.calls = 0
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
 
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._stop.is_set():
-                try:
-                    response = client.post(f"{self.url}/predict/bulk/strict", json=self.body)
-                    if response.status_code != 200:
-                        self.errors.append(f"{response.status_code}: {response.text[:200]}")
-                        continue
-                    predictions = response.json()["predictions"]
-                    if len(predictions) != len(self.body["requests"]):
-                        self.errors.append("wrong number of predictions")
-                    self.versions.update(p["model_version"] for p in predictions)
-                    self.calls += 1
-                except httpx.HTTPError as exc:
-                    self.errors.append(repr(exc))
-
-    def __enter__(self) -> Hammer:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(15)
+    def step(self, client: httpx.Client, worker: int) -> None:
+        try:
+            response = client.post(f"{self.url}/predict/bulk/strict", json=self.body)
+            if response.status_code != 200:
+                self.errors.append(f"{response.status_code}: {response.text[:200]}")
+                return
+            predictions = response.json()["predictions"]
+            if len(predictions) != len(self.body["requests"]):
+                self.errors.append("wrong number of predictions")
+            with self.lock:
+                self.versions.update(p["model_version"] for p in predictions)
+                self.calls += 1
+        except httpx.HTTPError as exc:
+            self.errors.append(repr(exc))
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +81,7 @@ def server(store: ModelStore, tmp_path_factory: pytest.TempPathFactory) -> Itera
         ready_path="/readyz",
     )
     try:
-        deadline = time.monotonic() + 30
-        while len(worker_versions(service.url)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(worker_versions(service.url)) == 2, service.logs()[-3000:]
+        wait_until(lambda: len(worker_versions(service.url)) == 2, lambda: service.logs()[-3000:])
         yield service
     finally:
         code = service.stop()
@@ -106,22 +90,31 @@ def server(store: ModelStore, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def wait_all_workers(url: str, sequence: int, started: float) -> float:
     """Seconds from ``started`` until every worker serves version ``sequence`` (or a deadline passes)."""
-    while time.monotonic() - started < SWITCH_DEADLINE_S + 3:
+
+    def switched() -> bool:
         versions = worker_versions(url)
-        if len(versions) == 2 and set(versions.values()) == {sequence}:
-            return time.monotonic() - started
-        time.sleep(0.02)
-    raise AssertionError(f"workers still serve {worker_versions(url)}, expected {sequence}")
+        return len(versions) == 2 and set(versions.values()) == {sequence}
+
+    wait_until(
+        switched,
+        lambda: f"workers still serve {worker_versions(url)}, expected {sequence}",
+        timeout_s=SWITCH_DEADLINE_S + 3 - (time.monotonic() - started),
+        poll_s=0.02,
+    )
+    return time.monotonic() - started
 
 
 def test_two_workers_switch_to_each_new_version_within_the_deadline_under_load(
     server: RunningService, store: ModelStore
 ) -> None:
-    assert set(worker_versions(server.url).values()) == {0}  # the built-in prior
+    # Both workers serve one version at the start, whichever test ran before (the built-in prior
+    # when this one runs first).
+    assert len(set(worker_versions(server.url).values())) == 1
+    initial = httpx.get(f"{server.url}/status", timeout=5).json()["model_version"]
     models = [train_models(seed) for seed in (1, 2, 3)]  # trained up front: publishing is the event
     published, switch_s = [], []
     with Hammer(server.url) as hammer:
-        time.sleep(0.3)
+        wait_until(lambda: hammer.calls >= 5, "load before the first publication")
         for files in models:
             manifest = store.publish("trained", files, objective="quantile", quantile=0.9)
             published.append(manifest.version)
@@ -137,10 +130,11 @@ def test_two_workers_switch_to_each_new_version_within_the_deadline_under_load(
                 if len(seen) == 2 and attempt >= 10:
                     break
             assert len(seen) == 2
-            time.sleep(0.1)
+            calls = hammer.calls
+            wait_until(lambda: hammer.calls >= calls + 5, "load on the new version")  # noqa: B023
     assert hammer.errors == []
     assert hammer.calls > 20
-    assert hammer.versions <= {"builtin-prior", *published}
+    assert hammer.versions <= {initial, *published}
     assert published[-1] in hammer.versions
     print(f"switch times under load: {[round(s, 3) for s in switch_s]} s, {hammer.calls} calls")
 
@@ -154,11 +148,13 @@ def test_a_corrupt_version_is_refused_by_every_worker_and_the_previous_keeps_ser
     refused_before = metric_total(server.url, "prediction_refused_versions_total")
     with Hammer(server.url, threads=1) as hammer:
         bad = publish_corrupt(store, seed=9)
-        deadline = time.monotonic() + 5
-        while metric_total(server.url, "prediction_refused_versions_total") < refused_before + 2:
-            assert time.monotonic() < deadline, "refusal not counted by both workers"
-            time.sleep(0.05)
-        time.sleep(0.6)  # a few more polls: the refusal is remembered, not repeated
+        wait_until(
+            lambda: metric_total(server.url, "prediction_refused_versions_total") >= refused_before + 2,
+            "the refusal counted by both workers",
+            timeout_s=5,
+        )
+        # Pacing, not observing: a few more polls (0.25 s each) must not count the refusal again.
+        time.sleep(0.6)
     assert metric_total(server.url, "prediction_refused_versions_total") == refused_before + 2
     assert set(worker_versions(server.url).values()) == serving
     assert hammer.errors == [] and hammer.versions == {serving_name}
@@ -190,8 +186,12 @@ def test_a_replica_pulls_and_verifies_versions_from_an_http_store(tmp_path: Path
             first = publish_trained(store, seed=4)
             _wait_version(service.url, first.version)
             bad = publish_corrupt(store, seed=5)
-            time.sleep(1.0)
-            status = httpx.get(f"{service.url}/status", timeout=5).json()
+
+            def refused() -> dict[str, Any] | None:
+                status: dict[str, Any] = httpx.get(f"{service.url}/status", timeout=5).json()
+                return status if bad.version in status["refused_versions"] else None
+
+            status = wait_until(refused, f"{bad.version} refused", timeout_s=10)
             assert status["model_version"] == first.version and bad.version in status["refused_versions"]
             assert status["training_server_url"] == url
             assert _predict(service.url)["model_version"] == first.version
@@ -205,7 +205,8 @@ def _predict(url: str) -> dict[str, Any]:
 
 
 def _wait_version(url: str, version: str) -> None:
-    deadline = time.monotonic() + SWITCH_DEADLINE_S + 1
-    while _predict(url)["model_version"] != version:
-        assert time.monotonic() < deadline, f"never switched to {version}"
-        time.sleep(0.05)
+    wait_until(
+        lambda: _predict(url)["model_version"] == version,
+        f"the switch to {version}",
+        timeout_s=SWITCH_DEADLINE_S + 1,
+    )

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.procs import RunningService, free_port, start_service
+from tests.procs import RunningService, eventually, free_port, get_json, start_service, wait_until
 
 TRAINING_ARGS = [
     "--min-new-samples",
@@ -45,13 +45,16 @@ class Relay:
 
     def window(self, timeout_s: float = 30.0) -> int:
         """Samples in the training server's window once its intake has drained."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            status = httpx.get(self.training.url + "/status", timeout=5.0).json()
-            if status["intake"]["pending_samples"] == 0:
-                return int(status["window"]["samples"])
-            assert time.monotonic() < deadline, status["intake"]
-            time.sleep(0.05)
+        status = wait_until(
+            lambda: (
+                s
+                if (s := get_json(self.training.url + "/status"))["intake"]["pending_samples"] == 0
+                else None
+            ),
+            "the training server's intake to drain",
+            timeout_s,
+        )
+        return int(status["window"]["samples"])
 
     def coalescer_metric(self, name: str) -> float:
         for line in httpx.get(self.coalescer.url + "/metrics").text.splitlines():
@@ -175,7 +178,12 @@ async def test_a_relay_timeout_during_a_training_server_stall_delivers_every_sam
                 asyncio.create_task(deliver(client, {"entries": entries(rng, 1000)}, own_key=False))
                 for _ in range(3)
             ]
-            await asyncio.sleep(3.0)  # three relay timeouts' worth: every call is resent
+
+            async def resent() -> bool:
+                return await asyncio.to_thread(relay.coalescer_metric, "coalescer_relay_retries_total") >= 3
+
+            # Each stalled call times out on the stopped server and is resent by the coalescer.
+            await eventually(resent, "the coalescer's resends", timeout_s=30, poll_s=0.2)
             assert not any(t.done() for t in stalled)  # nobody is acknowledged during the stall
         finally:
             os.kill(relay.training.proc.pid, signal.SIGCONT)
@@ -207,7 +215,8 @@ async def test_kill_9_of_the_training_server_during_ingestion_loses_and_duplicat
                 await asyncio.sleep(rng.uniform(0.5, 2.0))  # a random moment of the ingestion
                 relay.training.kill()
                 await asyncio.to_thread(relay.restart_training)
-            await asyncio.sleep(1.0)
+            after_restart = acknowledged
+            await eventually(lambda: acknowledged > after_restart, "ingestion after the last restart", 30)
         finally:
             stop.set()
             await asyncio.gather(*senders)

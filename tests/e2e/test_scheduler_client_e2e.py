@@ -4,8 +4,6 @@ falling back when the prediction server dies and recovering when it comes back.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,7 @@ from scheduler_client import (
     SloHeadroom,
 )
 from stack.simulator import Cluster, Workload, WorkloadConfig
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, eventually, start_service
 
 pytestmark = pytest.mark.e2e
 
@@ -126,10 +124,12 @@ async def test_falls_back_when_predictions_die_and_recovers_when_they_return(ser
                 port=replica.port,
                 ready_path="/readyz",
             )
-            deadline = time.monotonic() + 10
-            while client.mode is Mode.FALLBACK and time.monotonic() < deadline:
+
+            async def switched_back() -> bool:
                 await router.route(RoutingRequest(), [_idle_row()])  # traffic carries the probes
-                await asyncio.sleep(0.05)
+                return client.mode is not Mode.FALLBACK
+
+            await eventually(switched_back, "predictions again", timeout_s=10, poll_s=0.05)
             assert client.mode is Mode.PREDICTED and client.switch.switches_to_predicted == 1
             predicted, fallback, _ = await _route(router, 50, seed=5)
             assert (predicted, fallback) == (50, 0)

@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.procs import REPO_ROOT, start_service
+from tests.procs import REPO_ROOT, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -64,13 +63,7 @@ def test_a_service_started_with_sigint_ignored_still_stops_on_sigint(tmp_path: P
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200, "up")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:

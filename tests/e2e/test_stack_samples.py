@@ -7,15 +7,16 @@ every sample arrives exactly once.
 from __future__ import annotations
 
 import asyncio
-import time
+import dataclasses
 from pathlib import Path
 
 import httpx
 import pytest
 
-from stack.samples import SampleSender
+from scheduler_client.feeder import SampleFeeder
+from stack.demo import DEMO_FEEDER, sample_counts
 from stack.simulator import Cluster, Workload, WorkloadConfig, round_robin, simulate
-from tests.procs import free_port, start_service
+from tests.procs import eventually, free_port, get_json, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -38,18 +39,19 @@ def test_sender_rides_out_an_absent_training_server_and_delivers_everything(tmp_
     training = None
     try:
 
-        async def feed() -> SampleSender:
+        async def feed() -> dict[str, int]:
             nonlocal training
             async with httpx.AsyncClient(timeout=5.0) as client:
-                sender = SampleSender(client, coalescer.url, flush_interval_s=0.1)
-                task = asyncio.create_task(sender.run())
+                sender = SampleFeeder(
+                    coalescer.url, client, dataclasses.replace(DEMO_FEEDER, flush_interval_s=0.1)
+                )
+                await sender.start()
                 for entry in entries:
                     sender.add(entry)
-                deadline = time.monotonic() + 15
-                while sender.throttled == 0 and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                assert sender.throttled > 0, "the relay must push back while nobody takes the samples"
-                assert sender.accepted == 0  # nothing acknowledged without the training server
+                await eventually(lambda: sender.paused_until_s > 0, "a push-back", timeout_s=15)
+                # 503 with Retry-After: the sender waits as told and keeps the batch
+                assert sender.paused_until_s > 0, "the relay must push back while nobody takes the samples"
+                assert sender.counters.sent == 0  # nothing acknowledged without the training server
                 # The training server comes (back) up: the relay drains and the sender resumes.
                 training = await asyncio.to_thread(
                     start_service,
@@ -58,20 +60,20 @@ def test_sender_rides_out_an_absent_training_server_and_delivers_everything(tmp_
                     log_dir=tmp_path,
                     port=training_port,
                 )
-                await sender.close(task, timeout_s=45)
-                return sender
+                await sender.aclose(45)
+                return sample_counts(sender)
 
         sender = asyncio.run(feed())
-        assert sender.accepted == sender.sent == len(entries)
-        assert sender.rejected == sender.dropped == sender.queued == 0
+        assert sender["accepted"] == sender["sent"] == len(entries)
+        assert sender["rejected"] == sender["dropped"] == sender["unsent"] == 0
         assert training is not None
-        deadline = time.monotonic() + 20
-        received = 0
-        while time.monotonic() < deadline:
-            received = httpx.get(training.url + "/status").json()["intake"]["accepted_samples"]
-            if received >= len(entries):
-                break
-            time.sleep(0.2)
+        status_url = training.url + "/status"
+        wait_until(
+            lambda: get_json(status_url)["intake"]["accepted_samples"] >= len(entries),
+            "the training server to count every sample",
+            timeout_s=20,
+        )
+        received = get_json(status_url)["intake"]["accepted_samples"]
         assert received == len(entries), coalescer.logs()[-3000:]
     finally:
         coalescer.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import orjson
 import pytest
 
 from shared.artifacts import Manifest
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, start_service, wait_until
 from training_server import synthetic
 
 pytestmark = pytest.mark.e2e
@@ -44,13 +43,6 @@ def _saved_samples(path: Path) -> int:
         return int(saved["data"].shape[0])
 
 
-def _wait(predicate: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_restarts_restore_the_window_and_keep_the_model(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     window_file = data_dir / "window.npz"
@@ -60,7 +52,7 @@ def test_restarts_restore_the_window_and_keep_the_model(tmp_path: Path) -> None:
         assert "prior" in httpx.get(first.url + "/readyz").json()["model_version"]
         for seed in range(5):
             _post(first, 1000, seed)
-        _wait(lambda: _status(first)["window"]["samples"] == 5000)
+        wait_until(lambda: _status(first)["window"]["samples"] == 5000, "5000 samples in the window")
         trained = httpx.post(first.url + "/retrain", params={"wait": "true"}, timeout=60).json()
         assert trained["outcome"] == "published"
         before = _status(first)
@@ -84,7 +76,7 @@ def test_restarts_restore_the_window_and_keep_the_model(tmp_path: Path) -> None:
         assert "prior_published" not in second.logs().split("training_server_started")[-1]
         # Then a crash: what the periodic save wrote survives SIGKILL (no shutdown hook runs).
         _post(second, 1000, 9)
-        _wait(lambda: _saved_samples(window_file) == 6000)
+        wait_until(lambda: _saved_samples(window_file) == 6000, "the periodic save of 6000 samples")
     finally:
         second.kill()
 

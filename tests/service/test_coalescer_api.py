@@ -5,40 +5,19 @@ the samples; 422, 413, 429 and upstream faults answered as they are).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+import functools
 from typing import Any
 
 import httpx
 
-from coalescer.app import create_app
-from coalescer.config import CoalescerSettings
-from tests.fake_upstream import Knobs, row, rows, serve_in_loop
-from tests.fake_upstream import create_app as fake_replica
+from tests.fake_upstream import row, rows
+from tests.procs import coalescer_in_loop, eventually
 
 TOKEN = "s3cret"
 
 
-@contextlib.asynccontextmanager
-async def stack(replicas: int = 1, **settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, list[Knobs]]]:
-    """Fake replicas (the first also plays the training server) and a coalescer in front of them."""
-    async with contextlib.AsyncExitStack() as exits:
-        apps = [fake_replica() for _ in range(replicas)]
-        urls = [await exits.enter_async_context(serve_in_loop(app)) for app in apps]
-        settings.setdefault("training_url", urls[0])
-        base = await exits.enter_async_context(
-            serve_in_loop(create_app(CoalescerSettings(prediction_urls=urls, **settings)))
-        )
-        client = await exits.enter_async_context(httpx.AsyncClient(base_url=base, timeout=10.0))
-        yield client, [app.state.knobs for app in apps]
-
-
-async def eventually(check: Any, timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+# Fake replicas (the first also plays the training server) and a coalescer in front of them.
+stack = functools.partial(coalescer_in_loop, training=True)
 
 
 def entry(i: int, **extra: Any) -> dict[str, Any]:
@@ -102,13 +81,13 @@ async def test_status_aggregates_replicas_and_adds_the_coalescer_numbers() -> No
 
 async def test_readyz_follows_the_replicas() -> None:
     async with stack(probe_interval_s=0.05, eject_cooldown_s=0.1) as (client, (k,)):
-        await eventually(lambda: _status_is(client, "/readyz", 200))
+        await eventually(lambda: _status_is(client, "/readyz", 200), "ready")
         assert (await client.get("/healthz")).json() == {"status": "ok"}
         k.ready = False
         assert (await client.post("/predict/bulk/strict", json={"requests": rows(1)})).status_code == 503
-        await eventually(lambda: _status_is(client, "/readyz", 503))
+        await eventually(lambda: _status_is(client, "/readyz", 503), "not ready")
         k.ready = True
-        await eventually(lambda: _status_is(client, "/readyz", 200))
+        await eventually(lambda: _status_is(client, "/readyz", 200), "ready")
 
 
 async def _status_is(client: httpx.AsyncClient, path: str, code: int) -> bool:
@@ -169,8 +148,7 @@ async def test_invalid_samples_get_a_precise_422_and_nothing_is_relayed() -> Non
             "/add_training_data_bulk", json={"entries": [entry(0, timestamp="yesterday")]}
         )
         assert response.json()["detail"][0]["loc"] == ["body", "entries", 0, "timestamp"]
-        await asyncio.sleep(0.1)
-        assert trainer.training_calls == 0
+        assert trainer.training_calls == 0  # the relay is synchronous: nothing can follow the 422
 
 
 def _json(value: dict[str, Any]) -> bytes:
@@ -233,3 +211,13 @@ async def test_ingestion_takes_the_token_only_when_told_to() -> None:
         )
         assert ok.status_code == 202
         assert trainer.samples == 1
+
+
+async def test_no_openapi_pages_and_json_404_405_even_with_internals_exposed() -> None:
+    async with stack(expose_internals=True) as (client, _):
+        for path in ("/docs", "/redoc", "/openapi.json", "/nope"):
+            missing = await client.get(path)
+            assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+        wrong = await client.get("/predict/bulk/strict")
+        assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+        assert wrong.headers["allow"] == "POST"

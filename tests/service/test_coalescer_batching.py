@@ -2,7 +2,8 @@
 
 Each test runs the coalescer (its real lifespan, batcher and hot-path client) and one or two fake
 replicas under uvicorn in the test's event loop, and calls it over HTTP. Timing assertions use
-generous bounds; the behaviour under test is made deterministic with upstream delays instead.
+generous bounds; a "busy" replica is one whose gate holds its calls until the test releases them,
+and the tests wait for the state they need (a call in flight, callers queued) instead of sleeping.
 """
 
 from __future__ import annotations
@@ -11,41 +12,22 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from coalescer.app import create_app
-from coalescer.config import CoalescerSettings
-from tests.fake_upstream import Knobs, row, rows, serve_in_loop
-from tests.fake_upstream import create_app as fake_replica
+from tests.fake_upstream import row, rows
+from tests.procs import coalescer_in_loop, eventually
 
 STRICT = "/predict/bulk/strict"
 
 
-@contextlib.asynccontextmanager
-async def stack(replicas: int = 1, **settings: Any) -> AsyncIterator[tuple[httpx.AsyncClient, list[Knobs]]]:
-    """``replicas`` fake replicas and a coalescer in front of them; yields a client and the knobs."""
-    async with contextlib.AsyncExitStack() as exits:
-        apps = [fake_replica() for _ in range(replicas)]
-        urls = [await exits.enter_async_context(serve_in_loop(app)) for app in apps]
-        coalescer = create_app(CoalescerSettings(prediction_urls=urls, **settings))
-        base = await exits.enter_async_context(serve_in_loop(coalescer))
-        client = await exits.enter_async_context(
-            httpx.AsyncClient(base_url=base, timeout=10.0, limits=httpx.Limits(max_connections=1000))
-        )
-        await _wait_ready(client)
-        yield client, [app.state.knobs for app in apps]
+stack = coalescer_in_loop  # ``replicas`` fake replicas and a coalescer in front of them
 
 
-async def _wait_ready(client: httpx.AsyncClient) -> None:
-    for _ in range(200):
-        if (await client.get("/readyz")).status_code == 200:
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("coalescer never became ready")
+async def coalescer_status(client: httpx.AsyncClient) -> dict[str, Any]:
+    return (await client.get("/status")).json()["coalescer"]
 
 
 def ttfts(response: httpx.Response) -> list[float]:
@@ -94,15 +76,19 @@ async def test_idle_call_is_not_delayed_by_a_long_window() -> None:
 
 async def test_busy_replica_makes_callers_share_one_batch_after_the_window() -> None:
     async with stack(
-        batch_window_us=100_000, eager_inflight_per_replica=1, max_inflight_per_replica=2, deadline_ms=2000.0
+        batch_window_us=100_000, eager_inflight_per_replica=1, max_inflight_per_replica=2, deadline_ms=5000.0
     ) as (
         client,
         (k,),
     ):
-        k.delay_ms = 300.0
+        k.gate = asyncio.Event()  # the replica holds every call until released: busy for sure
         first = asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 0)}))
-        await asyncio.sleep(0.05)  # the first call now occupies the replica
-        others = [client.post(STRICT, json={"requests": rows(1, 10 * i)}) for i in range(1, 5)]
+        await eventually(lambda: k.in_flight == 1, "the first call to occupy the replica")
+        others = [
+            asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 10 * i)})) for i in range(1, 5)
+        ]
+        await eventually(lambda: k.calls == 2, "the late callers' batch to reach the replica")
+        k.gate.set()
         responses = await asyncio.gather(first, *others)
         assert [ttfts(r) for r in responses] == [[0.5], [10.5], [20.5], [30.5], [40.5]]
         assert k.batch_sizes == [1, 4]  # the four late callers left together when the window expired
@@ -181,13 +167,17 @@ async def test_deadline_expiry_is_a_504_and_the_header_can_only_shorten_it() -> 
 
 async def test_overload_is_an_immediate_503_that_never_reaches_a_replica() -> None:
     async with stack(max_inflight_per_replica=1, max_queued_rows=20, deadline_ms=5000.0) as (client, (k,)):
-        k.delay_ms = 1000.0
+        k.gate = asyncio.Event()  # busy until the floods are answered
         first = asyncio.create_task(client.post(STRICT, json={"requests": rows(10, 0)}))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: k.in_flight == 1, "the first call to occupy the replica")
         queued = [
             asyncio.create_task(client.post(STRICT, json={"requests": rows(10, 100 * i)})) for i in (1, 2)
         ]
-        await asyncio.sleep(0.05)
+
+        async def queue_full() -> bool:
+            return (await coalescer_status(client))["queued_rows"] == 20
+
+        await eventually(queue_full, "two callers queued behind the busy replica")
 
         async def timed() -> tuple[httpx.Response, float]:
             started = time.perf_counter()
@@ -199,8 +189,9 @@ async def test_overload_is_an_immediate_503_that_never_reaches_a_replica() -> No
             assert response.status_code == 503
             assert response.json()["detail"].startswith("overloaded")
             assert int(response.headers["retry-after"]) >= 1
-            # Answered without waiting for the busy replica (1 s); a generous bound for a shared box.
+            # Answered without waiting for the busy replica; a generous bound for a shared box.
             assert elapsed_s < 0.5
+        k.gate.set()
         for task in [first, *queued]:
             assert (await task).status_code == 200
         assert k.rows == 30  # only the admitted callers' rows
@@ -243,9 +234,14 @@ async def test_ejected_replica_is_probed_back_after_the_cool_down() -> None:
         flaky.fail, flaky.fail_next = "500", 1
         for i in range(4):
             assert (await client.post(STRICT, json={"requests": rows(1, i)})).status_code == 200
-        await asyncio.sleep(0.6)
-        states = [r["state"] for r in (await client.get("/status")).json()["coalescer"]["replicas"]]
-        assert states == ["healthy", "healthy"]
+
+        async def states() -> list[str]:
+            return [r["state"] for r in (await coalescer_status(client))["replicas"]]
+
+        async def both_healthy() -> bool:
+            return await states() == ["healthy", "healthy"]
+
+        await eventually(both_healthy, "the ejected replica probed back after its 0.3 s cool-down")
         calls_before = flaky.calls
         for i in range(10):
             assert (await client.post(STRICT, json={"requests": rows(1, i)})).status_code == 200
@@ -281,36 +277,54 @@ async def test_a_hung_replica_leaves_time_for_the_retry() -> None:
 
 async def test_disconnected_caller_is_dropped_before_dispatch() -> None:
     async with stack(max_inflight_per_replica=1, deadline_ms=3000.0) as (client, (k,)):
-        k.delay_ms = 300.0
+        k.gate = asyncio.Event()
         first = asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 0)}))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: k.in_flight == 1, "the first call to occupy the replica")
         # A second caller queues behind the busy slot, then hangs up.
         base = str(client.base_url)
         async with httpx.AsyncClient(base_url=base) as other:
             gone = asyncio.create_task(other.post(STRICT, json={"requests": rows(5, 100)}))
-            await asyncio.sleep(0.05)
+
+            async def queued() -> bool:
+                return (await coalescer_status(client))["queued_rows"] == 5
+
+            await eventually(queued, "the second caller queued")
             gone.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await gone
+
+        async def dropped() -> bool:
+            metrics = (await client.get("/metrics")).text
+            return 'coalescer_dropped_callers_total{reason="disconnected"} 1.0' in metrics
+
+        await eventually(dropped, "the hung-up caller dropped from the queue")
+        k.gate.set()  # the slot frees: a caller still queued would be dispatched now
         assert (await first).status_code == 200
-        await asyncio.sleep(0.4)
+        status = await coalescer_status(client)
+        assert status["queued_rows"] == status["inflight_calls"] == 0
         assert k.rows == 1  # the hung-up caller's 5 rows never left
-        metrics = (await client.get("/metrics")).text
-        assert 'coalescer_dropped_callers_total{reason="disconnected"} 1.0' in metrics
 
 
 async def test_a_queue_too_slow_for_the_callers_deadline_refuses_at_once() -> None:
     async with stack(max_inflight_per_replica=1, deadline_ms=400.0) as (client, (k,)):
-        k.delay_ms = 350.0
+        k.gate = asyncio.Event()  # the first call holds the replica until released, then answers at once
         busy = asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 0)}))
-        await asyncio.sleep(0.02)
+        await eventually(lambda: k.in_flight == 1, "the first call to occupy the replica")
+        k.delay_ms = 1000.0  # what comes next takes longer than any deadline here
         waiting = asyncio.create_task(client.post(STRICT, json={"requests": rows(1, 10)}))
-        await asyncio.sleep(0.25)  # the waiting caller is now older than half of a newcomer's 400 ms
+
+        async def one_queued() -> bool:
+            return (await coalescer_status(client))["queued_rows"] == 1
+
+        await eventually(one_queued, "the second caller queued")
+        # Pacing, not observing: the waiting caller ages past half of a newcomer's 400 ms.
+        await asyncio.sleep(0.25)
         started = time.perf_counter()
         refused = await client.post(STRICT, json={"requests": rows(1, 20)})
         assert refused.status_code == 503
         assert "would wait about" in refused.json()["detail"]
         assert time.perf_counter() - started < 0.1
+        k.gate.set()
         assert (await busy).status_code == 200
         assert (await waiting).status_code == 504  # it ran out of time, as predicted
         assert k.batch_sizes == [1, 1]  # the refused caller never reached the replica
@@ -318,14 +332,21 @@ async def test_a_queue_too_slow_for_the_callers_deadline_refuses_at_once() -> No
         assert states == ["healthy"]  # a call cut short by its caller's deadline does not eject
 
 
-async def test_a_slow_replica_that_answers_healthz_is_not_ejected_and_slow_ones_get_no_retries() -> None:
+async def test_a_slow_replica_that_answers_healthz_is_not_ejected_and_slow_ones_get_no_retries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with stack(replicas=2, deadline_ms=300.0, eject_cooldown_s=30.0) as (client, (a, b)):
         a.delay_ms = b.delay_ms = 400.0  # CPU overload: every replica is slow, none is dead
         responses = await asyncio.gather(
             *(client.post(STRICT, json={"requests": rows(1, i)}) for i in range(6))
         )
         assert {r.status_code for r in responses} <= {502, 504}  # none answered in time
-        await asyncio.sleep(0.3)  # the /healthz checks answer
+
+        # Each timed-out replica is asked /healthz; both answer and are logged as slow, not ejected.
+        def slow() -> set[str]:
+            return {r.__dict__["fields"]["url"] for r in caplog.records if r.msg == "replica_slow"}
+
+        await eventually(lambda: len(slow()) == 2, "both /healthz checks answered")
         status = (await client.get("/status")).json()["coalescer"]
         assert [r["state"] for r in status["replicas"]] == ["healthy", "healthy"]  # slow, alive: kept
         metrics = (await client.get("/metrics")).text

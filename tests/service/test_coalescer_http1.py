@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from coalescer.http1 import Http1Pool, UpstreamConnectError, UpstreamTimeout
-from tests.procs import free_port
+from tests.procs import eventually, free_port
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -46,8 +46,7 @@ async def server(keep_alive_s: float = 5.0) -> AsyncIterator[str]:
     )
     instance = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(instance.serve())
-    while not instance.started:
-        await asyncio.sleep(0.01)
+    await eventually(lambda: instance.started, "uvicorn to start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

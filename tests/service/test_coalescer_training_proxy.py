@@ -12,7 +12,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from coalescer.training_proxy import TrainingProxy, TrainingServerUnavailable
-from tests.fake_upstream import serve_in_loop
+from tests.procs import serve_in_loop
 
 
 def upstream() -> tuple[Starlette, dict[str, int]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ from shared.artifacts import Manifest, ModelStore, served_latency_ms
 from shared.features import build_features
 from shared.schemas import MAX_BULK_ROWS, parse_rows
 from tests.prediction_support import ROW, publish_trained, random_rows
+from tests.procs import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -330,11 +330,12 @@ async def test_a_newly_published_version_answers_within_a_poll(tmp_path: Path) -
         before = (await client.post("/predict", json=ROW)).json()
         assert before["model_version"] == first.version
         second = publish_trained(store, seed=2)
-        for _ in range(100):
-            after = (await client.post("/predict", json=ROW)).json()
-            if after["model_version"] == second.version:
-                break
-            await asyncio.sleep(0.02)
+
+        async def switched() -> dict[str, Any] | None:
+            after: dict[str, Any] = (await client.post("/predict", json=ROW)).json()
+            return after if after["model_version"] == second.version else None
+
+        after = await eventually(switched, f"{second.version} to answer", timeout_s=5)
         assert after["model_version"] == second.version
         assert after["ttft_ms"] != before["ttft_ms"]
         assert after["last_model_load"] > before["last_model_load"]
@@ -351,3 +352,15 @@ async def test_bulk_with_every_row_bad_names_every_row(client: httpx.AsyncClient
         e for e in detail if e["loc"][2] == 7
     ).items()
     assert any(e["loc"] == ["body", "requests", 2999, "num_tokens_generated"] for e in detail)
+
+
+async def test_no_openapi_pages_and_json_404_405_even_with_internals_exposed(
+    store: tuple[ModelStore, Manifest],
+) -> None:
+    async with serving(store=str(store[0].root), expose_internals=True) as client:
+        for path in ("/docs", "/redoc", "/openapi.json", "/nope"):
+            missing = await client.get(path)
+            assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+        wrong = await client.get("/predict")
+        assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})
+        assert wrong.headers["allow"] == "POST"

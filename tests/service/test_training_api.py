@@ -15,6 +15,8 @@ import numpy as np
 import orjson
 import pytest
 
+from tests.procs import wait_until
+
 with warnings.catch_warnings():
     # starlette 1.x warns that its TestClient wants the httpx2 package; httpx works the same here.
     warnings.simplefilter("ignore", UserWarning)
@@ -72,13 +74,6 @@ def service_of(client: TestClient) -> TrainingService:
     return service
 
 
-def wait_for(predicate: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 def metric(client: TestClient, line_prefix: str) -> float:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith(line_prefix + " "):
@@ -103,7 +98,9 @@ def test_accepts_with_202_and_the_exact_message(client: TestClient) -> None:
     response = post_entries(client, entries(1000))
     assert response.status_code == 202
     assert response.json() == {"message": "Accepted 1000 training samples."}
-    wait_for(lambda: service_of(client).window.size == 1000)
+    wait_until(
+        lambda: service_of(client).window.size == 1000, "the intake to settle", timeout_s=10, poll_s=0.01
+    )
     status = client.get("/status").json()
     assert status["window"]["samples"] == 1000 and status["intake"]["accepted_samples"] == 1000
     assert sum(status["window"]["strata"].values()) == 1000
@@ -118,7 +115,7 @@ def test_timestamps_and_optional_fields_are_honoured(client: TestClient) -> None
     batch[1]["timestamp"] = "0001-01-01T00:00:00Z"  # the Go client's "unset": means now
     batch[2]["pod_type"] = None
     assert post_entries(client, batch).status_code == 202
-    wait_for(lambda: service_of(client).window.size == 3)
+    wait_until(lambda: service_of(client).window.size == 3, "the intake to settle", timeout_s=10, poll_s=0.01)
     stamps = sorted(service_of(client).window.snapshot().column("timestamp").tolist())
     assert stamps[0] == ten_minutes_ago
     assert stamps[1] == pytest.approx(time.time(), abs=60)
@@ -155,7 +152,9 @@ def test_invalid_entry_is_a_422_naming_index_and_field(
     assert intake["rejected_samples"] == {"invalid_input": 10}
     # Nothing else is affected: the next valid batch goes in whole.
     assert post_entries(client, entries(10, seed=1)).status_code == 202
-    wait_for(lambda: service_of(client).window.size == 10)
+    wait_until(
+        lambda: service_of(client).window.size == 10, "the intake to settle", timeout_s=10, poll_s=0.01
+    )
 
 
 @pytest.mark.parametrize(
@@ -197,20 +196,32 @@ def test_saturated_intake_answers_429_with_retry_after(tmp_path: Path) -> None:
         service = service_of(client)
         with service.window.lock:  # the inserter cannot insert: accepted samples stay pending
             assert post_entries(client, entries(1000)).status_code == 202
-            wait_for(lambda: service.intake.pending_samples == 1000)
+            wait_until(
+                lambda: service.intake.pending_samples == 1000,
+                "the intake to settle",
+                timeout_s=10,
+                poll_s=0.01,
+            )
             refused = post_entries(client, entries(500, seed=1))
             assert refused.status_code == 429
             assert int(refused.headers["retry-after"]) >= 1
             assert "saturated" in refused.json()["detail"]
-        wait_for(lambda: service.window.size == 1000 and service.intake.pending_samples == 0)
+        wait_until(
+            lambda: service.window.size == 1000 and service.intake.pending_samples == 0,
+            "the intake to settle",
+            timeout_s=10,
+            poll_s=0.01,
+        )
         assert post_entries(client, entries(500, seed=2)).status_code == 202  # recovered
-        wait_for(lambda: service.window.size == 1500)
+        wait_until(lambda: service.window.size == 1500, "the intake to settle", timeout_s=10, poll_s=0.01)
         assert metric(client, 'training_samples_rejected_total{reason="ingest_saturated"}') == 500
 
 
 def test_flush_and_retrain_need_the_token(client: TestClient) -> None:
     assert post_entries(client, entries(300)).status_code == 202
-    wait_for(lambda: service_of(client).window.size == 300)
+    wait_until(
+        lambda: service_of(client).window.size == 300, "the intake to settle", timeout_s=10, poll_s=0.01
+    )
     assert client.post("/flush").status_code == 401
     assert client.post("/flush", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.post("/retrain").status_code == 401
@@ -262,7 +273,9 @@ def test_samples_too_old_on_arrival_are_accepted_not_kept_and_reported(tmp_path:
         assert response.json()["message"] == (
             "Accepted 10 training samples; 4 of them are older than max-age (3600 s) and were discarded."
         )
-        wait_for(lambda: service_of(client).window.size == 6)
+        wait_until(
+            lambda: service_of(client).window.size == 6, "the intake to settle", timeout_s=10, poll_s=0.01
+        )
         assert service_of(client).window.snapshot().column("timestamp").max() <= time.time()
         assert metric(client, 'training_window_evicted_samples_total{reason="stale"}') == 4
         assert client.get("/status").json()["intake"]["stale_samples_discarded"] == 4

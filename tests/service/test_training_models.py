@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 
 from shared.artifacts import MODEL_NAMES, Manifest, ModelStore, verify_model_set
+from tests.procs import wait_until
 from tests.service.test_training_api import (
     TestClient,
     entries,
@@ -15,7 +16,6 @@ from tests.service.test_training_api import (
     metric,
     post_entries,
     service_of,
-    wait_for,
 )
 from training_server.app import create_app
 
@@ -23,7 +23,9 @@ from training_server.app import create_app
 def _fill(client: TestClient, batches: int, size: int = 1000) -> None:
     for i in range(batches):
         assert post_entries(client, entries(size, seed=100 + i)).status_code == 202
-    wait_for(lambda: service_of(client).window.size == batches * size)
+    wait_until(
+        lambda: service_of(client).window.size == batches * size, "the window", timeout_s=10, poll_s=0.01
+    )
 
 
 def test_retrain_publishes_and_replicas_can_pull_and_verify_over_http(tmp_path: Path) -> None:
@@ -93,7 +95,12 @@ def test_enough_new_samples_trigger_a_retrain_without_asking(tmp_path: Path) -> 
     settings = make_settings(tmp_path, min_new_samples=2000, retrain_min_gap_s=0)
     with TestClient(create_app(settings)) as client:
         _fill(client, 2)
-        wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
+        wait_until(
+            lambda: client.get("/status").json()["is_prior"] is False,
+            "a trained model",
+            timeout_s=30,
+            poll_s=0.01,
+        )
         status = client.get("/status").json()
         assert status["training"]["runs"] == 1 and status["training"]["new_samples"] == 0
 
@@ -119,7 +126,12 @@ def test_a_restored_window_replaces_the_prior_at_start(tmp_path: Path) -> None:
         _fill(client, 2)
         assert client.get("/status").json()["is_prior"] is True
     with TestClient(create_app(settings)) as client:
-        wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
+        wait_until(
+            lambda: client.get("/status").json()["is_prior"] is False,
+            "a trained model",
+            timeout_s=30,
+            poll_s=0.01,
+        )
         assert client.get("/status").json()["training"]["last_outcome"] == "published"
 
 
@@ -130,9 +142,19 @@ def test_a_drift_request_retrains_at_once_and_model_age_is_reported(tmp_path: Pa
         _fill(client, 2)
         prior_age = client.get("/status").json()["current_age_s"]
         assert prior_age is not None and prior_age >= 0
-        wait_for(lambda: metric(client, "training_model_age_seconds") > prior_age)
+        wait_until(
+            lambda: metric(client, "training_model_age_seconds") > prior_age,
+            "the serving model to age",
+            timeout_s=10,
+            poll_s=0.01,
+        )
         service_of(client).scheduler.request_now("drift: ttft coverage fell in waiting=8-15")
-        wait_for(lambda: client.get("/status").json()["is_prior"] is False, timeout_s=30)
+        wait_until(
+            lambda: client.get("/status").json()["is_prior"] is False,
+            "a trained model",
+            timeout_s=30,
+            poll_s=0.01,
+        )
         status = client.get("/status").json()
         assert status["training"]["last_trigger"] == "drift: ttft coverage fell in waiting=8-15"
         assert status["current_age_s"] < metric(client, "training_model_age_seconds") + 1.0

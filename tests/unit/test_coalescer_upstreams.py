@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 
 from coalescer.upstreams import ReplicaPool, resolve_all, url_for
+from tests.procs import serve_in_loop
 
 
 def make_pool(*urls: str, max_inflight: int = 2) -> ReplicaPool:
@@ -103,3 +109,21 @@ async def test_dns_targets_must_be_name_and_port(bad: str) -> None:
 
     with pytest.raises(ValueError):
         split_host_port(bad)
+
+
+async def test_closing_the_pool_stops_the_healthz_checks_it_started() -> None:
+    """A /healthz check of a timed-out replica is a background task: the pool keeps it and
+    ``close()`` cancels it, so none is left running (or garbage-collected mid-flight)."""
+
+    async def hang(_: object) -> Response:
+        await asyncio.sleep(3600)
+        return Response()
+
+    async with serve_in_loop(Starlette(routes=[Route("/healthz", hang)])) as url:
+        pool = make_pool(url)
+        before = asyncio.all_tasks()
+        pool.suspect(pool.replicas[0], "timed out")
+        checks = asyncio.all_tasks() - before
+        assert len(checks) == 1
+        await pool.close()
+        assert all(task.done() for task in checks)

@@ -35,6 +35,7 @@ from scheduler_client import (
 )
 from shared.errors import InvalidInput
 from shared.schemas import parse_training_entries
+from tests.procs import eventually, wait_until
 
 
 @dataclass
@@ -100,10 +101,7 @@ def server() -> Iterator[tuple[str, Script]]:
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert uv.started
+    wait_until(lambda: uv.started, "uvicorn to start", timeout_s=10, poll_s=0.01)
     yield f"http://127.0.0.1:{port}", script
     uv.should_exit = True
     thread.join(10)
@@ -206,12 +204,9 @@ async def test_fallback_does_not_wait_probes_and_recovers(
         assert await client.predict_for_routing(ROWS) is None
     assert time.monotonic() - started < 0.05 and script.predict_calls == calls
     script.predict = "ok"
-    await asyncio.sleep(0.25)
+    await asyncio.sleep(0.25)  # pacing, not observing: the probe interval passes
     assert await client.predict_for_routing(ROWS) is None  # this one starts the probe ...
-    for _ in range(100):  # ... which succeeds in the background
-        if client.mode is Mode.PREDICTED:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: client.mode is Mode.PREDICTED, "the probe to succeed", timeout_s=1)  # ...
     assert client.mode is Mode.PREDICTED
     assert await client.predict_for_routing(ROWS) is not None
     assert client.counters.probes == 1 and client.switch.switches_to_predicted == 1

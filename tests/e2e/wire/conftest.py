@@ -8,8 +8,7 @@ Tests that change state (flush, import, kill) start their own servers.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.procs import RunningService, start_service
+from tests.procs import RunningService, start_service, wait_until
 
 TOKEN = "wire-s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -121,26 +120,14 @@ def rows(n: int, seed: int = 1) -> list[dict[str, Any]]:
     return [{k: v for k, v in e.items() if k not in keep} for e in entries(n, seed)]
 
 
-def wait_for(check: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = check()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout_s}s"
-        time.sleep(0.05)
-
-
 def train(training: RunningService, n: int = 1500, seed: int = 0) -> str:
     """Send ``n`` samples, retrain now and return the published version."""
     response = httpx.post(training.url + "/add_training_data_bulk", json={"entries": entries(n, seed)})
     assert response.status_code == 202, response.text
-    wait_for(
+    wait_until(
         lambda: httpx.get(training.url + "/data/status").json()["training_data"]["total_samples"] >= n,
         what="samples in the window",
+        timeout_s=60,
     )
     outcome = httpx.post(training.url + "/retrain?wait=true", headers=AUTH, timeout=120.0).json()
     assert outcome["outcome"] == "published", outcome
@@ -167,7 +154,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fleet = Fleet(training, training, training, base, version)  # placeholders until started
         fleet.prediction = fleet.start_prediction(base / "training" / "models")
         started.append(fleet.prediction)
-        wait_for(lambda: serving(fleet.prediction, version), what="prediction server on the trained version")
+        wait_until(
+            lambda: serving(fleet.prediction, version),
+            what="prediction server on the trained version",
+            timeout_s=60,
+        )
         fleet.coalescer = fleet.start_coalescer(fleet.prediction, training.url)
         started.append(fleet.coalescer)
         yield fleet

@@ -16,8 +16,9 @@ import orjson
 import pytest
 import xgboost as xgb
 
-from tests.e2e.wire.conftest import AUTH, Fleet, entries, rows, serving, wait_for
+from tests.e2e.wire.conftest import AUTH, Fleet, entries, rows, serving
 from tests.e2e.wire.test_wire_prediction import zoned
+from tests.procs import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -103,7 +104,9 @@ def test_a_bundle_imported_into_a_fresh_server_predicts_bit_identically(fleet: F
         status = httpx.get(fresh.url + "/status").json()
         assert status["current_version"] == imported and status["is_prior"] is False
         replica = fleet.start_prediction(tmp_path / "fresh" / "models")
-        wait_for(lambda: serving(replica, imported), what="fresh replica on the imported version")
+        wait_until(
+            lambda: serving(replica, imported), what="fresh replica on the imported version", timeout_s=60
+        )
         batch = {"requests": rows(300, seed=11)}
         ours = httpx.post(replica.url + "/predict/bulk/strict", json=batch).json()["predictions"]
         theirs = httpx.post(fleet.prediction.url + "/predict/bulk/strict", json=batch).json()["predictions"]
@@ -209,7 +212,10 @@ def test_flush_with_the_llmd_shapes(fleet: Fleet, tmp_path: Path) -> None:
     try:
         url = training.url
         assert httpx.post(url + "/add_training_data_bulk", json={"entries": entries(120)}).status_code == 202
-        wait_for(lambda: httpx.get(url + "/data/status").json()["training_data"]["total_samples"] == 120)
+        wait_until(
+            lambda: httpx.get(url + "/data/status").json()["training_data"]["total_samples"] == 120,
+            timeout_s=60,
+        )
         assert httpx.post(url + "/flush").status_code == 401
         assert (
             httpx.post(url + "/flush", json={"flush_training_data": "yes"}).status_code == 401

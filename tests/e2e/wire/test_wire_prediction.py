@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.wire.conftest import AUTH, Fleet, rows, wait_for
-from tests.procs import RunningService
+from tests.e2e.wire.conftest import AUTH, Fleet, rows
+from tests.procs import RunningService, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -230,4 +230,7 @@ def test_no_model_is_503_models_not_ready_and_status_says_not_ready(
 def test_a_new_version_is_picked_up_and_named_on_each_prediction(fleet: Fleet) -> None:
     # Readiness and version naming: /status and every prediction say which version answered.
     for url in (fleet.prediction.url, fleet.coalescer.url):
-        wait_for(lambda url=url: post(url, "/predict", rows(1)[0]).json()["model_version"] == fleet.version)
+        wait_until(
+            lambda url=url: post(url, "/predict", rows(1)[0]).json()["model_version"] == fleet.version,
+            timeout_s=60,
+        )

@@ -12,9 +12,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.e2e.wire.conftest import Fleet, entries, wait_for
+from tests.e2e.wire.conftest import Fleet, entries
 from tests.e2e.wire.test_wire_prediction import zoned
-from tests.procs import free_port, start_service
+from tests.procs import free_port, start_service, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,7 @@ def test_bulk_ingest_answers_exactly_202_and_the_samples_arrive(training_url: st
     response = bulk(training_url, {"entries": entries(40, seed=5)})
     assert response.status_code == 202
     assert response.json() == {"message": "Accepted 40 training samples."}
-    wait_for(lambda: window_total(fleet) >= before + 40, what="relayed samples in the window")
+    wait_until(lambda: window_total(fleet) >= before + 40, what="relayed samples in the window", timeout_s=60)
 
 
 def test_timestamps_with_zones_and_the_go_zero_time_are_accepted(training_url: str) -> None:
@@ -56,7 +56,9 @@ def test_predicted_latency_fields_are_accepted_and_validated(training_url: str, 
     batch[0] = {**batch[0], "predicted_ttft_ms": 0}  # 0: not sent
     assert bulk(training_url, {"entries": batch}).status_code == 202
     # Relayed as sent, the training server accepts them too (a 422 there would drop the batch).
-    wait_for(lambda: window_total(fleet) >= before + 5, what="samples with predicted_* in the window")
+    wait_until(
+        lambda: window_total(fleet) >= before + 5, what="samples with predicted_* in the window", timeout_s=60
+    )
     bad = bulk(training_url, {"entries": [{**batch[1], "predicted_tpot_ms": -1.0}]})
     assert bad.status_code == 422
     assert bad.json()["detail"][0]["loc"] == ["body", "entries", 0, "predicted_tpot_ms"]
@@ -107,7 +109,7 @@ def test_saturated_ingestion_is_429_with_retry_after(fleet: Fleet, tmp_path: Any
                 r = bulk(training.url, {"entries": entries(2)})
                 return r if r.status_code == 429 else None
 
-            response = wait_for(refused, timeout_s=20, what="a 429 while another body is being read")
+            response = wait_until(refused, timeout_s=20, what="a 429 while another body is being read")
             assert int(response.headers["Retry-After"]) >= 1
     finally:
         training.stop()
