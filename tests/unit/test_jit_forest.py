@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 import xgboost as xgb
 
@@ -18,7 +17,15 @@ from shared.features import NUM_FEATURES as SERVED_FEATURES
 from shared.features import build_features
 from shared.prior import synthetic_columns
 from tests.prediction_support import train_models
-from tests.unit.test_trees import MODELS, NUM_FEATURES, _model, _query_rows, _training_data, _xgb_margin
+from tests.unit.test_trees import (
+    MODELS,
+    NUM_FEATURES,
+    _model,
+    _planted_special_model,
+    _query_rows,
+    _training_data,
+    _xgb_margin,
+)
 
 pytestmark = pytest.mark.skipif(not jit_available(), reason="numba is not installed")
 
@@ -86,20 +93,7 @@ def test_stumps_and_mixed_depths() -> None:
 
 
 def test_planted_thresholds_on_signed_zero_subnormals_and_extremes() -> None:
-    special = np.array([0.0, -0.0, 1e-45, -1e-45, 1.2e-38, -1.2e-38, 3.4e38, -3.4e38, 0.5], np.float32)
-    model = orjson.loads(_model("reg:squarederror", 4).save_raw("json"))
-    planted = 0
-    for tree in model["learner"]["gradient_booster"]["model"]["trees"]:
-        for node, left in enumerate(tree["left_children"]):
-            if left != -1:
-                tree["split_conditions"][node] = float(special[planted % special.size])
-                planted += 1
-    edited = xgb.Booster(model_file=bytearray(orjson.dumps(model)))
-    neighbours = np.concatenate(
-        [special, np.nextafter(special, np.float32(-np.inf)), np.nextafter(special, np.float32(np.inf))]
-    )
-    values = np.concatenate([neighbours, np.array([np.nan, np.inf, -np.inf], np.float32)])
-    X = np.random.default_rng(6).choice(values, size=(2000, NUM_FEATURES))
+    model, edited, X = _planted_special_model()
     np.testing.assert_array_equal(
         JitForests.from_models([model]).predict_margins(X)[0], _xgb_margin(edited, X)
     )

@@ -177,9 +177,10 @@ def test_single_leaf_trees() -> None:
     assert CompiledForest.from_booster(stumps).max_depth == 0
 
 
-def test_thresholds_on_signed_zero_subnormals_and_extremes() -> None:
-    # Hist training rarely splits exactly on these values, so plant them in the JSON and let
-    # XGBoost itself evaluate the edited model. They stress the float -> integer key mapping.
+def _planted_special_model() -> tuple[dict[str, Any], xgb.Booster, np.ndarray]:
+    """A model whose split thresholds are planted on signed zeros, subnormals and extremes (hist
+    training rarely splits exactly on them), XGBoost's own booster of it, and query rows on, just
+    below and just above each, plus NaN and +-inf. They stress the float -> integer key mapping."""
     special = np.array([0.0, -0.0, 1e-45, -1e-45, 1.2e-38, -1.2e-38, 3.4e38, -3.4e38, 0.5], np.float32)
     model = orjson.loads(_model("reg:squarederror", 4).save_raw("json"))
     planted = 0
@@ -188,16 +189,18 @@ def test_thresholds_on_signed_zero_subnormals_and_extremes() -> None:
             if left != -1:
                 tree["split_conditions"][node] = float(special[planted % special.size])
                 planted += 1
-    raw = orjson.dumps(model)
-    edited = xgb.Booster(model_file=bytearray(raw))
+    edited = xgb.Booster(model_file=bytearray(orjson.dumps(model)))
     neighbours = np.concatenate(
         [special, np.nextafter(special, np.float32(-np.inf)), np.nextafter(special, np.float32(np.inf))]
     )
     values = np.concatenate([neighbours, np.array([np.nan, np.inf, -np.inf], np.float32)])
-    X = np.random.default_rng(6).choice(values, size=(2000, NUM_FEATURES))
+    return model, edited, np.random.default_rng(6).choice(values, size=(2000, NUM_FEATURES))
 
+
+def test_thresholds_on_signed_zero_subnormals_and_extremes() -> None:
+    model, edited, X = _planted_special_model()
     np.testing.assert_array_equal(
-        CompiledForest.from_json_bytes(raw).predict_margin(X), _xgb_margin(edited, X)
+        CompiledForest.from_json_bytes(orjson.dumps(model)).predict_margin(X), _xgb_margin(edited, X)
     )
 
 
