@@ -300,9 +300,13 @@ class LiveScorer:
 
     def _track(self, name: str, booster: xgb.Booster, base: ModelSpec, unseen_since_s: float) -> None:
         """Under ``_calibrating``: make the calibrator track ``base``'s trees (rebase if new)."""
-        if self.calibrator.trees.get(name) != base.sha256:
-            margin_of = lambda f: _base_margin(_predict_margin(booster, f), f, base)  # noqa: E731
-            self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s)
+        if self.calibrator.trees.get(name) == base.sha256:
+            return
+
+        def margin_of(features: np.ndarray) -> np.ndarray:
+            return _base_margin(_predict_margin(booster, features), features, base)
+
+        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s)
 
     def offsets_for(
         self, name: str, booster: xgb.Booster, spec: ModelSpec, unseen_since_s: float
