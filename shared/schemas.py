@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from itertools import chain
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -38,6 +39,7 @@ MAX_TRAINING_BODY_BYTES = 8 * 1024 * 1024
 MAX_TRAINING_ENTRY_BYTES = 1024 * 1024  # a body no larger than this needs no per-entry measuring
 POD_TYPE_CODES: dict[str, int] = {"": 0, "prefill": 1, "decode": 2}
 POD_TYPE_NAMES = {code: name for name, code in POD_TYPE_CODES.items()}
+_POD_TYPE_OR_NONE: dict[str | None, int] = {None: 0, **POD_TYPE_CODES}
 # The Go client's zero time.Time: "no timestamp", which means "now".
 ZERO_TIMESTAMPS = frozenset({"0001-01-01T00:00:00Z", "0001-01-01T00:00:00+00:00", ""})
 
@@ -89,6 +91,7 @@ Columns = dict[str, np.ndarray]
 """Field name -> float64 column (``pod_type`` holds its integer code)."""
 
 _NUMBER_TYPES = frozenset({int, float})
+_DICT_TYPE = frozenset({dict})
 
 
 def loads(raw: bytes | str) -> Any:
@@ -170,13 +173,21 @@ def parse_rows(
     This is the one explanation of bad rows: ``/predict/bulk`` of the prediction server and of
     the coalescer answer their whole-body 422 with it.
     """
-    errors = _Errors(max_errors)
-    not_objects = [i for i, row in enumerate(rows) if type(row) is not dict]
-    if not not_objects:
+    if _all_dicts(rows):
         columns = _parse_valid_fast(rows, fields)
         if columns is not None:
             return columns
-    # Something is wrong: redo it field by field to say exactly what.
+    # Something is wrong (or unusual, e.g. an explicit null): field by field, to say exactly what.
+    return _parse_field_by_field(rows, loc, fields, max_errors)
+
+
+def _parse_field_by_field(
+    rows: Sequence[Any], loc: Sequence[str | int], fields: Sequence[FieldSpec], max_errors: int | None
+) -> Columns:
+    """``parse_rows`` without its fast path: every field's column checked on its own, every
+    error located and counted."""
+    errors = _Errors(max_errors)
+    not_objects = [i for i, row in enumerate(rows) if type(row) is not dict]
     objects = [i for i, row in enumerate(rows) if type(row) is dict] if not_objects else None
     checked = rows if objects is None else [rows[i] for i in objects]
     for i in not_objects:
@@ -189,9 +200,13 @@ def parse_rows(
 def valid_columns(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) -> Columns | None:
     """The columns of ``rows`` if every row is valid, else ``None`` at the cost of the fast check
     only: no explanation is built (``parse_rows`` or ``parse_all_rows`` give it)."""
-    if any(type(row) is not dict for row in rows):
+    if not _all_dicts(rows):
         return None
     return _parse_valid_fast(rows, fields)
+
+
+def _all_dicts(rows: Sequence[Any]) -> bool:
+    return set(map(type, rows)) <= _DICT_TYPE
 
 
 async def parse_all_rows(rows: Sequence[Any], *, inline_rows: int = INLINE_EXPLAIN_ROWS) -> Columns:
@@ -207,47 +222,83 @@ async def parse_all_rows(rows: Sequence[Any], *, inline_rows: int = INLINE_EXPLA
 
 
 def _parse_valid_fast(rows: Sequence[dict[str, Any]], fields: Sequence[FieldSpec]) -> Columns | None:
-    """All numeric fields in one matrix and one pass of checks; ``None`` if anything is invalid.
+    """The columns of rows that are all valid; ``None`` as soon as anything is not (``parse_rows``
+    then explains it field by field).
 
-    This is the hot path of every prediction call, so it does a fixed, small number of numpy
-    operations whatever the number of fields.
+    This is the hot path of every prediction call, so its work per value is done by C loops over
+    tuples (``itemgetter``, ``zip``, ``set(map(type, ...))``, ``sum``, ``min``, ``max``), with a
+    fixed number of Python steps per field and one numpy array at the end: no per-row object and
+    no per-field numpy call. It accepts exactly what ``_parse_column`` accepts: ints and floats
+    (not bools) within the bounds, integral floats for int fields, absent optional fields (their
+    default; an explicit ``null`` takes the slow path, which accepts it), ``None``, ``""`` or a
+    known name for ``pod_type``.
     """
-    numeric = [spec for spec in fields if spec.kind != "pod_type"]
-    lists = [[row.get(spec.name, spec.default) for row in rows] for spec in numeric]
-    if not set(map(type, chain.from_iterable(lists))) <= _NUMBER_TYPES:
+    plan = _ROW_PLAN if fields is ROW_FIELDS else _fast_plan(tuple(fields))
+    try:
+        numbers = list(map(plan.getter, rows))
+    except KeyError:  # an optional field absent somewhere: its default (a required one: None)
+        numbers = [tuple([row.get(name, default) for name, default in plan.defaults]) for row in rows]
+    by_field = list(zip(*numbers, strict=True)) if numbers else []
+    values = list(chain.from_iterable(by_field))
+    types = set(map(type, values))
+    if not types <= _NUMBER_TYPES:
         return None
     try:
-        matrix = np.array(lists, dtype=np.float64)
-    except OverflowError:
+        total = sum(values)
+    except OverflowError:  # an int too large for a float
         return None
-    bounds = _bounds(tuple(numeric))
-    with np.errstate(invalid="ignore"):
-        ok = (matrix >= bounds[0]).all() and (matrix <= bounds[1]).all()  # NaN compares False
-    if not ok:
+    if total != total:  # NaN somewhere (min and max below do not see it)
         return None
-    ints = matrix[bounds[2]]
-    if (ints != np.trunc(ints)).any():
-        return None
-    columns: Columns = dict(zip([spec.name for spec in numeric], matrix, strict=True))
-    for spec in fields:
-        if spec.kind == "pod_type":
-            values = [row.get(spec.name) for row in rows]
-            if not _only_defaults(values):
-                errors = _Errors()
-                columns[spec.name] = _parse_pod_type(values, spec, lambda i: [], errors)
-                if errors.total:
-                    return None
-            else:
-                columns[spec.name] = np.zeros(len(rows), dtype=np.float64)
-    return columns
+    for column, (lo, hi) in zip(by_field, plan.bounds, strict=True):
+        if min(column) < lo or max(column) > hi:
+            return None
+    if float in types:
+        for i in plan.int_fields:
+            column = by_field[i]
+            if float in set(map(type, column)) and not all(map(_integral, column)):
+                return None
+    matrix = np.array(values, dtype=np.float64).reshape(len(plan.bounds), len(rows))
+    parsed: Columns = dict(zip(plan.names, matrix, strict=True))
+    for name in plan.pod_fields:
+        try:
+            codes = [_POD_TYPE_OR_NONE.get(row.get(name), -1) for row in rows]
+        except TypeError:  # an unhashable value (a list, an object)
+            return None
+        if -1 in codes:
+            return None
+        parsed[name] = np.array(codes, dtype=np.float64)
+    return {spec.name: parsed[spec.name] for spec in fields}
+
+
+def _integral(value: float) -> bool:
+    return type(value) is int or value.is_integer()
+
+
+@dataclass(frozen=True)
+class _FastPlan:
+    """``_parse_valid_fast``'s view of a field list: its numeric fields' getter and checks."""
+
+    names: tuple[str, ...]
+    getter: Callable[[dict[str, Any]], tuple[Any, ...]]
+    defaults: tuple[tuple[str, float | None], ...]
+    bounds: tuple[tuple[float, float], ...]
+    int_fields: tuple[int, ...]
+    pod_fields: tuple[str, ...]
 
 
 @lru_cache(maxsize=8)
-def _bounds(numeric: tuple[FieldSpec, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    lo = np.array([[spec.lo] for spec in numeric])
-    hi = np.array([[spec.hi] for spec in numeric])
-    is_int = np.array([spec.kind == "int" for spec in numeric])
-    return lo, hi, is_int
+def _fast_plan(fields: tuple[FieldSpec, ...]) -> _FastPlan:
+    numeric = [spec for spec in fields if spec.kind != "pod_type"]
+    names = tuple(spec.name for spec in numeric)
+    getter = itemgetter(*names) if len(names) > 1 else lambda row: (row[names[0]],)
+    return _FastPlan(
+        names=names,
+        getter=getter,
+        defaults=tuple((spec.name, spec.default) for spec in numeric),
+        bounds=tuple((spec.lo, spec.hi) for spec in numeric),
+        int_fields=tuple(i for i, spec in enumerate(numeric) if spec.kind == "int"),
+        pod_fields=tuple(spec.name for spec in fields if spec.kind == "pod_type"),
+    )
 
 
 def rows_valid(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) -> bool:
@@ -263,7 +314,7 @@ def rows_valid(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) ->
         if type(row) is not dict:
             return False
         get = row.get
-        for name, lo, hi, is_int, required in numeric:
+        for name, lo, hi, is_int, default in numeric:
             value: Any = get(name)
             kind = type(value)
             if kind is int:
@@ -272,7 +323,7 @@ def rows_valid(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) ->
             elif kind is float:
                 if not lo <= value <= hi or (is_int and not value.is_integer()):  # NaN fails the range
                     return False
-            elif value is not None or required:
+            elif value is not None or default is None:
                 return False
         for name in pod_fields:
             value = get(name)
@@ -284,10 +335,11 @@ def rows_valid(rows: Sequence[Any], fields: Sequence[FieldSpec] = ROW_FIELDS) ->
 @lru_cache(maxsize=8)
 def _checks(
     fields: tuple[FieldSpec, ...],
-) -> tuple[tuple[tuple[str, float, float, bool, bool], ...], tuple[str, ...]]:
-    """``rows_valid``'s view of ``fields``: numeric (name, lo, hi, is_int, required) and pod-type names."""
+) -> tuple[tuple[tuple[str, float, float, bool, float | None], ...], tuple[str, ...]]:
+    """``rows_valid``'s view of ``fields``: numeric (name, lo, hi, is_int, default or ``None`` if
+    required) and pod-type names."""
     numeric = tuple(
-        (spec.name, spec.lo, spec.hi, spec.kind == "int", spec.required)
+        (spec.name, spec.lo, spec.hi, spec.kind == "int", spec.default)
         for spec in fields
         if spec.kind != "pod_type"
     )
@@ -295,12 +347,16 @@ def _checks(
 
 
 _ROW_CHECKS = _checks(ROW_FIELDS)
+_ROW_PLAN = _fast_plan(ROW_FIELDS)
 
 
 def parse_row(row: Any) -> Columns:
     """Validate one feature row (the body of ``POST /predict``); errors are located at ``body.<field>``."""
     if type(row) is not dict:
         raise InvalidInput([_err("dict_type", ["body"], "Input should be a valid dictionary", None)])
+    fast = _parse_valid_fast([row], ROW_FIELDS)
+    if fast is not None:
+        return fast
     errors = _Errors()
     columns = {spec.name: _parse_column([row], spec, ("body",), errors, single=True) for spec in ROW_FIELDS}
     errors.raise_if_any()
