@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 import numpy as np
 
 from prediction_server.evaluators import Forests, compile_forests, load_booster
+from prediction_server.responses import encode_constants
 from shared.artifacts import (
     MODEL_NAMES,
     Manifest,
@@ -91,6 +92,11 @@ class Predictor:
     @property
     def last_model_load(self) -> str:
         return self.loaded_at.isoformat()
+
+    @cached_property
+    def encoded_constants(self) -> bytes:
+        """``prediction_constants`` as the end of a prediction's JSON (``responses.encode_constants``)."""
+        return encode_constants(self.prediction_constants)
 
     def predict(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """TTFT and TPOT in milliseconds (float64, non-negative) for a float32 feature matrix."""

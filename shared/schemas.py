@@ -39,7 +39,8 @@ MAX_TRAINING_BODY_BYTES = 8 * 1024 * 1024
 MAX_TRAINING_ENTRY_BYTES = 1024 * 1024  # a body no larger than this needs no per-entry measuring
 POD_TYPE_CODES: dict[str, int] = {"": 0, "prefill": 1, "decode": 2}
 POD_TYPE_NAMES = {code: name for name, code in POD_TYPE_CODES.items()}
-_POD_TYPE_OR_NONE: dict[str | None, int] = {None: 0, **POD_TYPE_CODES}
+_POD_TYPE_OR_NONE: dict[str | None, int] = {None: 0}
+_POD_TYPE_OR_NONE.update(POD_TYPE_CODES)
 # The Go client's zero time.Time: "no timestamp", which means "now".
 ZERO_TIMESTAMPS = frozenset({"0001-01-01T00:00:00Z", "0001-01-01T00:00:00+00:00", ""})
 
