@@ -8,9 +8,13 @@ For each size, publishes a trained version (bench/prediction_load.py's model, wi
 into a temporary store, then in a fresh interpreter per measurement (``--processes`` of them)
 times the first ``Predictor.from_model_set`` of the process (what a worker pays at start-up:
 imports of XGBoost and numba, loading or compiling the JIT kernel, laying out the trees,
-checking them on the probe matrix) and the median of ``--switches`` more (what a running worker
-pays to switch to a new version). ``--code DIR`` takes prediction_server and shared from another
-checkout (e.g. main, for a before/after comparison); the store is always written by this one.
+checking them on the probe matrix: until the process has loaded the JIT kernel, a version is
+served by the numpy/XGBoost fallback while the kernel loads in the background), the time until
+the JIT serves that first version, and the median of ``--switches`` more loads (what a running
+worker pays to switch to a new version). ``--cold`` gives each process an empty numba cache
+(``NUMBA_CACHE_DIR``), as on a new machine, so the kernel is compiled. ``--code DIR`` takes
+prediction_server and shared from another checkout (e.g. main, for a before/after comparison);
+the store is always written by this one.
 """
 
 from __future__ import annotations
@@ -35,12 +39,17 @@ model_set = ModelStore(sys.argv[1]).load()
 t = time.perf_counter()
 predictor = Predictor.from_model_set(model_set)
 first = time.perf_counter() - t
+first_evaluator = predictor.evaluator
+wait = getattr(predictor.forests, "wait", None)  # a first version switching to the JIT
+if wait is not None:
+    wait(120)
+jit_after = time.perf_counter() - t
 switches = []
 for _ in range(int(sys.argv[2])):
     t = time.perf_counter()
     Predictor.from_model_set(model_set)
     switches.append(time.perf_counter() - t)
-print(imported, first, statistics.median(switches), predictor.evaluator)
+print(imported, first, jit_after, statistics.median(switches), first_evaluator, predictor.evaluator)
 """
 
 
@@ -50,6 +59,11 @@ def main() -> None:
     parser.add_argument("--code", type=Path, default=REPO, help="checkout whose prediction_server is timed")
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--switches", type=int, default=5)
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="an empty numba cache per process (a new machine)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     sys.path.insert(0, str(REPO / "bench"))
@@ -58,15 +72,18 @@ def main() -> None:
     from shared.artifacts import ModelStore
 
     env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
-    print(f"code {args.code.resolve()}; {args.processes} processes; medians")
-    print("| model | evaluator | import s | first load s | switch s |")
-    print("|---|---|---|---|---|")
+    cache = "an empty numba cache per process" if args.cold else "numba's cache as it is"
+    print(f"code {args.code.resolve()}; {args.processes} processes; {cache}; medians")
+    print("| model | first served by | then | import s | first load s | JIT serving after s | switch s |")
+    print("|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         trees, depth = (int(v) for v in size.split("x"))
         root = Path(tempfile.mkdtemp(prefix="model-load-"))
         publish_benchmark_model(ModelStore(root), trees, depth)
         runs = []
         for _ in range(args.processes):
+            if args.cold:
+                env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numba-cache-")
             out = subprocess.run(
                 [sys.executable, "-c", _CHILD, str(root), str(args.switches)],
                 env=env,
@@ -76,8 +93,12 @@ def main() -> None:
                 check=True,
             ).stdout.split()
             runs.append(out)
-        imported, first, switch = (statistics.median(float(r[i]) for r in runs) for i in range(3))
-        print(f"| {size} | {runs[0][3]} | {imported:.2f} | {first:.2f} | {switch:.2f} |", flush=True)
+        imported, first, jit_after, switch = (statistics.median(float(r[i]) for r in runs) for i in range(4))
+        print(
+            f"| {size} | {runs[0][4]} | {runs[0][5]} | {imported:.2f} | {first:.2f} | {jit_after:.2f} "
+            f"| {switch:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -7,7 +7,9 @@ on the probe matrix; otherwise the next one serves:
 
 1. ``jit_forest.JitForests``: every model's trees in one numba-compiled pass, bit-identical to
    XGBoost, fastest at every batch size (bench/tree_eval.py). Needs numba; its machine code is
-   cached on disk, and the probe check compiles or loads it before the version is served.
+   cached on disk. Until a process has loaded it (``jit_forest.warm_kernel``, in the background
+   after the process's first version is accepted) a version is served by ``WarmingForests``:
+   the fallback below, switched to the JIT once the kernel is loaded and checked.
 2. Without numba (or for a model it does not support, e.g. deeper than ``jit_forest.MAX_DEPTH``),
    each model alone: the vectorised numpy walk (``trees.CompiledForest``) up to
    ``NUMPY_MAX_ROWS`` rows, XGBoost's C predictor called directly above, XGBoost's public API
@@ -18,12 +20,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+import orjson
 
-from prediction_server.jit_forest import JitForests, jit_available
+from prediction_server.jit_forest import JitForests, kernel_ready, numba_installed, warm_kernel
 from prediction_server.trees import CompiledForest
 from shared.errors import ArtifactError
 from shared.features import NUM_FEATURES
@@ -48,7 +53,8 @@ class Forest(Protocol):
 class Forests(Protocol):
     """A version's models together: one float32 margin array per model, in the boosters' order."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]: ...
 
@@ -169,13 +175,90 @@ def compile_forests(
     matrix covering the input ranges); XGBoost's public API is the fallback for everything.
     """
     expected = [BoosterForest(booster).predict_margin(probe) for booster in boosters]
-    if jit and jit_available():
-        joint = _candidate(JitForests.from_boosters, boosters, "+".join(what))
-        if joint is not None and _reproduces(joint, expected, probe, "+".join(what)):
+    joint_what = "+".join(what)
+    if jit and kernel_ready():
+        joint = _jit_forests(_models(boosters), expected, probe, joint_what)
+        if joint is not None:
             return joint
-    return SeparateForests(
+    fallback = SeparateForests(
         [compile_forest(b, probe, name, e) for b, name, e in zip(boosters, what, expected, strict=True)]
     )
+    if jit and not kernel_ready() and numba_installed():
+        return WarmingForests(fallback, _models(boosters), expected, probe, joint_what)
+    return fallback
+
+
+def _models(boosters: Sequence[Any]) -> list[Any] | None:
+    """The boosters' JSON models (what ``JitForests.from_models`` lays out), or ``None``."""
+    try:
+        return [orjson.loads(booster.save_raw("json")) for booster in boosters]
+    except Exception as exc:  # an XGBoost error, whatever its kind: the fallback serves
+        log_event(log, "evaluator_unsupported", logging.INFO, evaluator="numba-jit", reason=repr(exc))
+        return None
+
+
+def _jit_forests(
+    models: list[Any] | None, expected: Sequence[np.ndarray], probe: np.ndarray, what: str
+) -> JitForests | None:
+    """The JIT evaluator of ``models`` if it supports them and reproduces ``expected`` exactly."""
+    if models is None:
+        return None
+    joint = _candidate(JitForests.from_models, models, what)
+    if joint is not None and _reproduces(joint, expected, probe, what):
+        return joint
+    return None
+
+
+class WarmingForests:
+    """A version served through ``fallback`` until the JIT kernel is loaded, then through the JIT.
+
+    A process's first version would otherwise wait ~0.5-0.7 s for numba's import and the kernel's
+    cache load (``jit_forest.warm_kernel``), or ~2 s to compile it on a new machine. Here that runs
+    in a background thread after the version is accepted; the thread then lays the trees out,
+    checks the JIT's margins on the probe matrix bit for bit against XGBoost's, and only then
+    swaps the evaluator (one reference assignment, read once per call). Both give XGBoost's margins
+    (the fallback within the numpy walk's tolerance, in practice bit for bit), so answers do not
+    move. If the JIT cannot serve the version, the fallback goes on serving it.
+    """
+
+    def __init__(
+        self,
+        fallback: Forests,
+        models: list[Any] | None,
+        expected: Sequence[np.ndarray],
+        probe: np.ndarray,
+        what: str,
+    ) -> None:
+        self._active: Forests = fallback
+        self._done = threading.Event()
+        threading.Thread(
+            target=self._upgrade, args=(models, expected, probe, what), name="jit-warm-up", daemon=True
+        ).start()
+
+    @property
+    def name(self) -> str:
+        return self._active.name
+
+    def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]:
+        return self._active.margins(features)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Whether the upgrade attempt has finished (successfully or not) within ``timeout_s``."""
+        return self._done.wait(timeout_s)
+
+    def _upgrade(
+        self, models: list[Any] | None, expected: Sequence[np.ndarray], probe: np.ndarray, what: str
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            joint = _jit_forests(models, expected, probe, what) if warm_kernel() else None
+            if joint is not None:
+                self._active = joint
+                log_event(log, "jit_serving", model=what, after_s=round(time.perf_counter() - started, 3))
+        except Exception as exc:  # never let the thread die silently: the fallback goes on serving
+            log_event(log, "jit_warm_up_failed", logging.WARNING, model=what, error=repr(exc))
+        finally:
+            self._done.set()
 
 
 def compile_forest(booster: Any, probe: np.ndarray, what: str, expected: np.ndarray | None = None) -> Forest:

@@ -20,13 +20,18 @@ over random, missing, extreme and on-threshold rows).
 The kernel is compiled on first use with ``cache=True``: numba keeps the machine code in
 ``__pycache__`` beside this file, or, where that is read-only, in its user-wide cache
 (``NUMBA_CACHE_DIR`` chooses the directory), so later processes load it instead of compiling.
-Without numba (``import numba`` fails) ``jit_available()`` is false and the numpy/XGBoost
-evaluators serve.
+Even loaded from the cache it costs a process ~0.5-0.7 s (importing numba, initialising its
+target), so ``warm_kernel()`` is run off the load path: ``evaluators.compile_forests`` serves
+a process's first version through the numpy/XGBoost evaluators and switches it to the JIT once
+the kernel is there (``evaluators.WarmingForests``). Without numba (``import numba`` fails)
+``jit_available()`` is false and the numpy/XGBoost evaluators serve.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -118,6 +123,46 @@ def jit_available() -> bool:
         _kernel()
     except ImportError:
         return False
+    return True
+
+
+@cache
+def numba_installed() -> bool:
+    """Whether a numba package is there to import, without importing it (that takes ~0.4 s)."""
+    try:
+        return importlib.util.find_spec("numba") is not None
+    except (ImportError, ValueError, AttributeError):  # e.g. sys.modules["numba"] = None
+        return False
+
+
+_warm = threading.Event()
+_warm_lock = threading.Lock()
+
+
+def kernel_ready() -> bool:
+    """Whether ``warm_kernel`` has finished in this process: the JIT serves at no start-up cost."""
+    return _warm.is_set()
+
+
+def warm_kernel() -> bool:
+    """Import numba and load the kernel's machine code from the cache (or compile it, ~2 s, once per
+    cache directory), once per process; thread-safe and blocking. ``False`` without numba."""
+    with _warm_lock:
+        if _warm.is_set():
+            return True
+        if not jit_available():
+            return False
+        # A call with the served argument types (numba tells read-only arrays apart) makes numba
+        # load (or compile) that overload: rows as served (writable) and as probed (read-only).
+        tables = (
+            _frozen(np.zeros(1, dtype=np.uint64)),
+            _frozen(np.zeros(1, dtype=np.float32)),
+            _frozen(np.zeros((0, 4), dtype=np.int64)),
+            _frozen(np.zeros(1, dtype=np.float32)),
+        )
+        for rows in (np.zeros((1, 1), dtype=np.float32), _frozen(np.zeros((1, 1), dtype=np.float32))):
+            _kernel()(rows, *tables, np.empty((1, 1), dtype=np.float32))
+        _warm.set()
     return True
 
 

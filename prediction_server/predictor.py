@@ -69,7 +69,6 @@ class Predictor:
     # Every model's trees, evaluated together (MODEL_NAMES order); shared by recalibrated versions.
     forests: Forests
     loaded_at: datetime
-    evaluator: str
     # The fields every prediction of this version shares, built once.
     prediction_constants: dict[str, Any] = field(repr=False)
 
@@ -88,6 +87,11 @@ class Predictor:
     @property
     def quantile(self) -> float:
         return float(self.manifest.quantile)
+
+    @property
+    def evaluator(self) -> str:
+        """How the trees are evaluated now (a first version switches to the JIT once it is loaded)."""
+        return self.forests.name
 
     @property
     def last_model_load(self) -> str:
@@ -157,7 +161,7 @@ class Predictor:
             "model_version": manifest.version,
             "model_kind": manifest.kind,
         }
-        predictor = cls(manifest, forests, loaded_at, forests.name, constants)
+        predictor = cls(manifest, forests, loaded_at, constants)
         predictor.self_test()
         return predictor
 

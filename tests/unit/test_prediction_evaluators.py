@@ -20,7 +20,7 @@ from prediction_server.evaluators import (
     load_booster,
     verified,
 )
-from prediction_server.jit_forest import JitForests
+from prediction_server.jit_forest import JitForests, warm_kernel
 from prediction_server.predictor import probe_matrix
 from prediction_server.trees import CompiledForest
 from tests.prediction_support import train_models
@@ -51,6 +51,7 @@ def test_the_direct_c_call_equals_inplace_predict_exactly(boosters: tuple[Any, A
 
 
 def test_a_version_is_served_by_the_jit_in_one_pass_for_every_batch_size(boosters: tuple[Any, Any]) -> None:
+    assert warm_kernel()  # a process that has loaded the kernel: the JIT serves at once
     forests = compile_forests(boosters, probe_matrix(), ["a", "b"])
     assert isinstance(forests, JitForests) and forests.name == "numba-jit"
     for rows in (1, 10, 100, NUMPY_MAX_ROWS + 1, 3000):
@@ -110,6 +111,31 @@ def test_without_numba_the_server_falls_back_to_numpy_with_the_same_answers(tmp_
     assert evaluator == f"CompiledForest<={NUMPY_MAX_ROWS}<xgboost-c"
     from prediction_server.predictor import Predictor, builtin_prior_model_set
 
+    assert warm_kernel()
     jit = Predictor.from_model_set(builtin_prior_model_set(0.9))
     assert jit.evaluator == "numba-jit"
     np.testing.assert_array_equal(np.load(tmp_path / "fallback.npy"), np.stack(jit.predict(probe_matrix())))
+
+
+def test_a_first_version_is_served_at_once_by_the_fallback_then_by_the_jit(tmp_path: Path) -> None:
+    """In a new process the first version does not wait for numba: the fallback serves it from the
+    first call, the JIT from when its kernel is loaded, with the same answers bit for bit."""
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "from prediction_server.predictor import Predictor, builtin_prior_model_set, probe_matrix\n"
+        "model_set = builtin_prior_model_set(0.9)\n"
+        "p = Predictor.from_model_set(model_set)\n"
+        "first = p.evaluator\n"
+        "before = np.stack(p.predict(probe_matrix()))\n"
+        "assert p.forests.wait(120)\n"
+        "after = np.stack(p.predict(probe_matrix()))\n"
+        "switched = Predictor.from_model_set(model_set)\n"  # the kernel is loaded: the JIT at once
+        "assert np.array_equal(before, after)\n"
+        "assert np.array_equal(after, np.stack(switched.predict(probe_matrix())))\n"
+        "print(first, p.evaluator, type(switched.forests).__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [f"CompiledForest<={NUMPY_MAX_ROWS}<xgboost-c", "numba-jit", "JitForests"]

@@ -29,7 +29,7 @@ from shared.errors import ArtifactError
 from shared.features import NUM_FEATURES, build_features
 from shared.schemas import parse_rows
 from tests.prediction_support import publish_trained, random_rows, train_models
-from tests.procs import REPO_ROOT
+from tests.procs import REPO_ROOT, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,8 @@ def test_predictions_equal_xgboost_own_predict_on_random_rows(store: ModelStore,
 
 
 def test_trained_models_are_served_by_the_jit_evaluator(store: ModelStore) -> None:
-    predictor = Predictor.from_model_set(store.load())
-    assert predictor.evaluator == "numba-jit"
+    predictor = Predictor.from_model_set(store.load())  # at once, or once the kernel is loaded
+    wait_until(lambda: predictor.evaluator == "numba-jit", lambda: predictor.evaluator, timeout_s=120)
 
 
 def test_version_metadata_and_constant_prediction_fields(store: ModelStore) -> None:
