@@ -57,14 +57,17 @@ def baseline_ms(features: np.ndarray, baseline: dict[str, Any]) -> np.ndarray:
 
     On the prediction hot path: the description is turned into arrays once per baseline object.
     Summed term by term, element-wise, in a fixed order (not a BLAS dot product, whose rounding
-    depends on the matrix's shape): a row gets the same bits alone or in any batch, so a caller's
-    prediction does not depend on whom the coalescer batched it with.
+    depends on the matrix's shape): ``((intercept + x0 c0) + x1 c1) + ...`` in float64, by one
+    ``np.add.accumulate`` along each row (sequential by definition), so a row gets the same bits
+    alone or in any batch, and a caller's prediction does not depend on whom the coalescer
+    batched it with.
     """
     _, columns, coefficients, intercept = _compiled(baseline)
-    values = np.full(len(features), intercept, dtype=np.float64)
-    for column, coefficient in zip(columns.tolist(), coefficients.tolist(), strict=True):
-        values += features[:, column].astype(np.float64) * coefficient
-    return np.maximum(values, 0.0, out=values)
+    terms = np.empty((len(features), len(columns) + 1), dtype=np.float64)
+    terms[:, 0] = intercept
+    np.multiply(features[:, columns], coefficients, out=terms[:, 1:])  # float32 -> float64, exact
+    values = np.add.accumulate(terms, axis=1)[:, -1]
+    return np.maximum(values, 0.0)
 
 
 _COMPILED: dict[int, tuple[dict[str, Any], np.ndarray, np.ndarray, float]] = {}

@@ -19,7 +19,7 @@ from prediction_server.predictor import Predictor
 from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
 from shared.baseline import baseline_ms
 from shared.errors import ArtifactError
-from shared.features import build_features
+from shared.features import FEATURE_NAMES, build_features
 from shared.prior import publish_prior
 from training_server import synthetic
 from training_server.baseline_fit import quantile_regression_nonneg
@@ -158,3 +158,24 @@ def test_quantile_regression_recovers_non_negative_slopes() -> None:
     fitted = intercept + x @ slopes
     assert abs(float(np.mean(y <= fitted)) - QUANTILE) < 0.02
     assert slopes[0] > 3.0 and slopes[2] < 0.2  # the p90 grows faster than the median; x2 is noise
+
+
+def test_the_baseline_is_summed_term_by_term_in_the_documented_order() -> None:
+    """``baseline_ms`` equals ``((intercept + x0 c0) + x1 c1) + ...`` in float64, bit for bit, for
+    every row: the order training and serving agreed on (a reordered sum rounds differently)."""
+    rng = np.random.default_rng(11)
+    baseline = {
+        "kind": "linear",
+        "features": ["num_request_waiting", "prefill_tokens_in_flight", "uncached_input_tokens"],
+        "intercept": -3.3,
+        "coefficients": [0.1, 1e-7, 123.456],
+    }
+    index = [FEATURE_NAMES.index(name) for name in baseline["features"]]
+    for rows in (1, 9, 1000):
+        features = rng.lognormal(2.0, 4.0, (rows, 15)).astype(np.float32)
+        features[: rows // 3] = 0.0
+        expected = np.full(rows, baseline["intercept"])
+        for column, coefficient in zip(index, baseline["coefficients"], strict=True):
+            expected = expected + features[:, column].astype(np.float64) * coefficient
+        expected = np.maximum(expected, 0.0)
+        assert baseline_ms(features, baseline).tobytes() == expected.tobytes()
