@@ -9,7 +9,7 @@ on the probe matrix; otherwise the next one serves:
    XGBoost, fastest at every batch size (bench/tree_eval.py). Needs numba; its machine code is
    cached on disk. Until a process has loaded it (``jit_forest.warm_kernel``, in the background
    after the process's first version is accepted) a version is served by ``WarmingForests``:
-   the fallback below, switched to the JIT once the kernel is loaded and checked.
+   XGBoost's C predictor, switched to the JIT once the kernel is loaded and checked.
 2. Without numba (or for a model it does not support, e.g. deeper than ``jit_forest.MAX_DEPTH``),
    each model alone: the vectorised numpy walk (``trees.CompiledForest``) up to
    ``NUMPY_MAX_ROWS`` rows, XGBoost's C predictor called directly above, XGBoost's public API
@@ -173,27 +173,72 @@ def compile_forests(
     ``what`` names each booster for logs. ``jit=False`` skips the JIT evaluator (tests of the
     fallback). Every candidate must reproduce ``Booster.inplace_predict`` on ``probe`` (a feature
     matrix covering the input ranges); XGBoost's public API is the fallback for everything.
+    Each booster's JSON dump is taken once, here (the JIT and the numpy walk lay it out).
     """
     expected = [BoosterForest(booster).predict_margin(probe) for booster in boosters]
+    models = _models(boosters)
     joint_what = "+".join(what)
     if jit and kernel_ready():
-        joint = _jit_forests(_models(boosters), expected, probe, joint_what)
+        joint = _jit_forests(models, expected, probe, joint_what)
         if joint is not None:
             return joint
-    fallback = SeparateForests(
-        [compile_forest(b, probe, name, e) for b, name, e in zip(boosters, what, expected, strict=True)]
-    )
+    large = [_large_forest(b, e, probe, name) for b, e, name in zip(boosters, expected, what, strict=True)]
     if jit and not kernel_ready() and numba_installed():
-        return WarmingForests(fallback, _models(boosters), expected, probe, joint_what)
-    return fallback
+        return WarmingForests(SeparateForests(large), models, expected, probe, what)
+    return _fallback_forests(models, large, expected, probe, what)
+
+
+def compile_forest(booster: Any, probe: np.ndarray, what: str, expected: np.ndarray | None = None) -> Forest:
+    """One model's evaluator without the JIT: the numpy walk for small batches, XGBoost's C
+    predictor for large ones, each only if it reproduces ``Booster.inplace_predict`` on ``probe``."""
+    if expected is None:
+        expected = BoosterForest(booster).predict_margin(probe)
+    models = _models([booster])
+    return _small_then_large(
+        models[0] if models else None, _large_forest(booster, expected, probe, what), expected, probe, what
+    )
+
+
+def _large_forest(booster: Any, expected: np.ndarray, probe: np.ndarray, what: str) -> Forest:
+    """XGBoost's C predictor called directly if it reproduces ``expected``, else its public API."""
+    return verified(_candidate(NativeBoosterForest, booster, what), expected, probe, what) or BoosterForest(
+        booster
+    )
+
+
+def _small_then_large(
+    model: Any, large: Forest, expected: np.ndarray, probe: np.ndarray, what: str
+) -> Forest:
+    """The numpy walk of ``model`` (its JSON) up to ``NUMPY_MAX_ROWS`` rows, if it reproduces
+    ``expected``, and ``large`` above; ``large`` alone otherwise."""
+    small = None if model is None else _candidate(CompiledForest.from_model, model, what)
+    small = verified(small, expected, probe, what)
+    return large if small is None else AdaptiveForest(small, large, NUMPY_MAX_ROWS)
+
+
+def _fallback_forests(
+    models: list[Any] | None,
+    large: Sequence[Forest],
+    expected: Sequence[np.ndarray],
+    probe: np.ndarray,
+    what: Sequence[str],
+) -> SeparateForests:
+    """Each model alone: the numpy walk for small batches, ``large`` (its C predictor) above."""
+    each = models if models is not None else [None] * len(large)
+    return SeparateForests(
+        [
+            _small_then_large(m, lf, e, probe, name)
+            for m, lf, e, name in zip(each, large, expected, what, strict=True)
+        ]
+    )
 
 
 def _models(boosters: Sequence[Any]) -> list[Any] | None:
-    """The boosters' JSON models (what ``JitForests.from_models`` lays out), or ``None``."""
+    """The boosters' JSON models (what the JIT and the numpy walk lay out), or ``None``."""
     try:
         return [orjson.loads(booster.save_raw("json")) for booster in boosters]
-    except Exception as exc:  # an XGBoost error, whatever its kind: the fallback serves
-        log_event(log, "evaluator_unsupported", logging.INFO, evaluator="numba-jit", reason=repr(exc))
+    except Exception as exc:  # an XGBoost error, whatever its kind: XGBoost's predictor serves
+        log_event(log, "evaluator_unsupported", logging.INFO, evaluator="json-dump", reason=repr(exc))
         return None
 
 
@@ -210,29 +255,34 @@ def _jit_forests(
 
 
 class WarmingForests:
-    """A version served through ``fallback`` until the JIT kernel is loaded, then through the JIT.
+    """A version served through XGBoost's C predictor until the JIT kernel is loaded, then
+    through the JIT (or, if the JIT cannot serve it, through the numpy/XGBoost fallback).
 
     A process's first version would otherwise wait ~0.5-0.7 s for numba's import and the kernel's
     cache load (``jit_forest.warm_kernel``), or ~2 s to compile it on a new machine. Here that runs
-    in a background thread after the version is accepted; the thread then lays the trees out,
-    checks the JIT's margins on the probe matrix bit for bit against XGBoost's, and only then
-    swaps the evaluator (one reference assignment, read once per call). Both give XGBoost's margins
-    (the fallback within the numpy walk's tolerance, in practice bit for bit), so answers do not
-    move. If the JIT cannot serve the version, the fallback goes on serving it.
+    in a background thread after the version is accepted, from the JSON models taken on the load
+    path (the thread never touches the boosters but to predict, which XGBoost allows from any
+    thread); the thread lays the trees out, checks the new evaluator's margins on the probe matrix
+    against XGBoost's (bit for bit for the JIT), and only then swaps it in: one reference
+    assignment, read once per call. The C predictor is XGBoost's own computation, so answers do not
+    move when the evaluator changes.
     """
 
     def __init__(
         self,
-        fallback: Forests,
+        interim: SeparateForests,
         models: list[Any] | None,
         expected: Sequence[np.ndarray],
         probe: np.ndarray,
-        what: str,
+        what: Sequence[str],
     ) -> None:
-        self._active: Forests = fallback
+        self._active: Forests = interim
         self._done = threading.Event()
         threading.Thread(
-            target=self._upgrade, args=(models, expected, probe, what), name="jit-warm-up", daemon=True
+            target=self._upgrade,
+            args=(interim, models, expected, probe, what),
+            name="jit-warm-up",
+            daemon=True,
         ).start()
 
     @property
@@ -243,35 +293,33 @@ class WarmingForests:
         return self._active.margins(features)
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Whether the upgrade attempt has finished (successfully or not) within ``timeout_s``."""
+        """Whether the switch has been made (to whichever evaluator) within ``timeout_s``."""
         return self._done.wait(timeout_s)
 
     def _upgrade(
-        self, models: list[Any] | None, expected: Sequence[np.ndarray], probe: np.ndarray, what: str
+        self,
+        interim: SeparateForests,
+        models: list[Any] | None,
+        expected: Sequence[np.ndarray],
+        probe: np.ndarray,
+        what: Sequence[str],
     ) -> None:
         started = time.perf_counter()
+        joint_what = "+".join(what)
         try:
-            joint = _jit_forests(models, expected, probe, what) if warm_kernel() else None
-            if joint is not None:
-                self._active = joint
-                log_event(log, "jit_serving", model=what, after_s=round(time.perf_counter() - started, 3))
-        except Exception as exc:  # never let the thread die silently: the fallback goes on serving
-            log_event(log, "jit_warm_up_failed", logging.WARNING, model=what, error=repr(exc))
+            joint = _jit_forests(models, expected, probe, joint_what) if warm_kernel() else None
+            self._active = joint or _fallback_forests(models, interim.forests, expected, probe, what)
+            log_event(
+                log,
+                "evaluator_switched",
+                model=joint_what,
+                evaluator=self._active.name,
+                after_s=round(time.perf_counter() - started, 3),
+            )
+        except Exception as exc:  # never let the thread die silently: the C predictor goes on serving
+            log_event(log, "jit_warm_up_failed", logging.WARNING, model=joint_what, error=repr(exc))
         finally:
             self._done.set()
-
-
-def compile_forest(booster: Any, probe: np.ndarray, what: str, expected: np.ndarray | None = None) -> Forest:
-    """One model's evaluator without the JIT: the numpy walk for small batches, XGBoost's C
-    predictor for large ones, each only if it reproduces ``Booster.inplace_predict`` on ``probe``."""
-    reference = BoosterForest(booster)
-    if expected is None:
-        expected = reference.predict_margin(probe)
-    large = verified(_candidate(NativeBoosterForest, booster, what), expected, probe, what) or reference
-    small = verified(_candidate(CompiledForest.from_booster, booster, what), expected, probe, what)
-    if small is None:
-        return large
-    return AdaptiveForest(small, large, NUMPY_MAX_ROWS)
 
 
 def verified(candidate: Forest | None, expected: np.ndarray, probe: np.ndarray, what: str) -> Forest | None:

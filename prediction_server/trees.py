@@ -79,6 +79,11 @@ class CompiledForest:
         return cls._from_model(orjson.loads(booster.save_raw("json")))
 
     @classmethod
+    def from_model(cls, model: Any) -> CompiledForest:
+        """Compile a booster's parsed JSON dump (``orjson.loads(booster.save_raw("json"))``)."""
+        return cls._from_model(model)
+
+    @classmethod
     def from_json_bytes(cls, raw: bytes) -> CompiledForest:
         """Compile XGBoost's native model format: JSON, or UBJSON (loaded through xgboost)."""
         if _looks_like_ubjson(raw):
