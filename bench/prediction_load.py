@@ -358,6 +358,17 @@ def capacity(
     return best, steps
 
 
+def settled_status(server: Server, timeout_s: float = 120.0) -> dict[str, Any]:
+    """``/status`` once the first version's evaluator has settled: a worker serves it through
+    XGBoost's C predictor until its JIT kernel is loaded in the background."""
+    deadline = time.monotonic() + timeout_s
+    status = httpx.get(server.url + "/status").json()
+    while status["evaluator"] == "xgboost-c" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        status = httpx.get(server.url + "/status").json()
+    return dict(status)
+
+
 def check_same_answers(servers: list[Server], rows: list[dict[str, Any]]) -> None:
     """Every prediction server answers the same rows with the same bits as itself one row at a time."""
     for server in servers:
@@ -414,7 +425,7 @@ def main() -> None:
                     f"ours-{size}", [*command, "--log-level", "warning"], port, workdir / f"ours-{size}.log"
                 )
             )
-            status = httpx.get(servers[-1].url + "/status").json()
+            status = settled_status(servers[-1])
             print(f"ours-{size}: version {version}, evaluator {status['evaluator']}", flush=True)
         check_same_answers(servers[1:], make_rows(100, 99))
         requests = {}
