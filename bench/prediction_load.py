@@ -15,8 +15,9 @@ Capacity: for each (server, rows per call) the generator first offers a light lo
 server's CPU per call, then offers fixed rates at fractions of the rate that CPU cost allows
 (``--fractions``) for ``--step-s`` each, open loop (call *i* is sent at ``start + i / rate``
 whatever the answers do, over keep-alive connections, and its latency runs from that due time),
-and stops at the first rate that fails: p99 above ``--p99-ms``, more than 0.1 % errors, or fewer
-answered than 98 % of those offered. The capacity is the highest passing rate's answered calls/s.
+until a rate fails: p99 above ``--p99-ms``, more than 0.1 % errors, or fewer answered than 98 %
+of those offered; then up to ``--refine`` steps bisect between the highest passing and the lowest
+failing rate. The capacity is the highest passing rate's answered calls/s.
 Servers and row counts alternate within each run so background noise hits all alike; the
 summary gives medians over runs, and ours as a fraction of the floor measured in the same run.
 The generator's own CPU share is reported: near 100 % it, not the server, was the limit.
@@ -32,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import socket
 import statistics
 import subprocess
@@ -336,25 +338,46 @@ def offer(
 def capacity(
     server: Server, rows: int, args: argparse.Namespace, request: bytes, run: int
 ) -> tuple[StepResult | None, list[StepResult]]:
-    """The highest passing step (None if even the lowest failed) and every step measured."""
+    """The highest passing step (None if even the lowest failed) and every step measured.
+
+    The listed fractions of the CPU-derived rate first (lower ones after a failure at the first,
+    higher ones while every listed one passes), then up to ``--refine`` steps bisecting
+    (geometrically) between the highest passing and the lowest failing rate, while they are more
+    than 10 % apart.
+    """
     probe = offer(server, rows, args.probe_rps, args.probe_s, args, request, run)
     steps = [probe]
     estimate = 1e6 / probe.server_cpu_us_per_call  # calls/s one core allows at this CPU cost
     best: StepResult | None = None
+    lowest_failing: float | None = None
     fractions = list(args.fractions)
-    while fractions and len(steps) <= args.max_steps:
-        fraction = fractions.pop(0)
-        step = offer(server, rows, fraction * estimate, args.step_s, args, request, run)
+
+    def measure(rate: float) -> StepResult:
+        step = offer(server, rows, rate, args.step_s, args, request, run)
         steps.append(step)
         print(f"  run {run} {describe(step)}", flush=True)
+        return step
+
+    while fractions and len(steps) <= args.max_steps:
+        fraction = fractions.pop(0)
+        step = measure(fraction * estimate)
         if not step.passed:
+            lowest_failing = step.offered_rps
             if best is None and fraction > 0.2:  # failed at the first rate: try lower ones
-                fractions.insert(0, fraction * 0.6)
+                fractions = [fraction * 0.6]
                 continue
             break
         best = step
         if not fractions:  # every listed rate passed: keep climbing
             fractions.append(fraction * 1.15)
+    for _ in range(args.refine):
+        if best is None or lowest_failing is None or lowest_failing <= best.offered_rps * 1.1:
+            break
+        step = measure(math.sqrt(best.offered_rps * lowest_failing))
+        if step.passed:
+            best = step
+        else:
+            lowest_failing = step.offered_rps
     return best, steps
 
 
@@ -391,6 +414,9 @@ def main() -> None:
         "--fractions", default="0.6,0.8,0.95,1.1,1.25", help="of the rate the probe's CPU per call allows"
     )
     parser.add_argument("--max-steps", type=int, default=9, help="rates tried per server and row count")
+    parser.add_argument(
+        "--refine", type=int, default=3, help="bisecting steps between the best pass and the lowest fail"
+    )
     parser.add_argument("--probe-rps", type=float, default=300.0)
     parser.add_argument("--probe-s", type=float, default=2.0)
     parser.add_argument("--step-s", type=float, default=4.0)
