@@ -18,8 +18,9 @@ What it does (about 20 minutes on a shared 2-core machine; ``--quick``: a few mi
    version, evaluated in process by the prediction server's own code (``routing_local``);
    every prediction's ``model_version`` is checked.
 4. Tunes the recommended policy's settings on the *validation* seeds (high and bursty loads
-   only): first the cache and harm weights by routing alone, then the admission slack with
-   them; then evaluates every policy on every load on the *evaluation* seeds, each
+   only; the best attainment among settings whose TTFT p99 is no longer than composite's at
+   every one of them): first the cache and harm weights by routing alone, then the admission
+   slack with them; then evaluates every policy on every load on the *evaluation* seeds, each
    (seed, load, policy) run in a pool of worker processes, and writes the tables and the plot.
    Composite is also run with another tie-break seed: the noise floor.
 
