@@ -10,8 +10,10 @@ samples (heuristic routing of one chat workload), then times whole routing decis
 same simulated pod states, alternating, decision by decision, between
 
 - today's call: ``SloHeadroom("spread")``, 8 rows per call;
-- the recommended ``default_policy()`` (chance objective and cache term; harm weight 0, so 8 rows);
-- ``default_policy(harm_weight=1)``: 8 candidate rows + 8 "with this request" rows.
+- the recommended ``default_policy()`` (chance objective, physics harm term and cache term: the
+  harm is computed from the rows, so 8 rows);
+- ``default_policy(harm="tpot", harm_weight=1)``: the model-based harm, 8 candidate rows + 8
+  "with this request" rows.
 
 Prints p50/p90/p99 of each and of the difference, in wall time over HTTP, and in CPU time
 (``time.thread_time``) of the same decisions computed in process by the prediction server's
@@ -65,7 +67,7 @@ async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> 
     policies: dict[str, Policy] = {
         "today (8 rows)": SloHeadroom("spread"),
         "recommended (8 rows)": default_policy(),
-        "placement cost (16 rows)": default_policy(harm_weight=1.0),
+        "placement cost (16 rows)": default_policy(harm="tpot", harm_weight=1.0),
     }
     times: dict[str, list[float]] = {name: [] for name in policies}
     times.update({f"{name}, CPU in process": [] for name in policies})

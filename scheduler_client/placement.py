@@ -6,16 +6,36 @@ policy that looks only at the new request's own predicted latency piles prefill 
 pods whose running requests are decoding near their TPOT SLO. ``PlacementCost`` adds, per
 candidate pod, the predicted harm to those requests.
 
-The harm comes from the same models, in the same bulk prediction call: for each candidate,
-``with_request(row)`` is the pod's row as it will look once this request is placed there (its
-uncached prompt added to ``prefill_tokens_in_flight``, its KV context to
-``decode_tokens_in_flight``, one more running request). The router predicts the candidates'
-rows and these extra rows together (``extra_rows``), so one routing decision stays one call:
+How the harm is estimated (``harm``):
 
-    delta_p = max(0, tpot(with_request(row_p)) - tpot(row_p))        ms per output token
-    harm_p  = delta_p * (running_p + waiting_p) / others_tpot_slo_ms  "SLO-widths" summed over them
+- ``"physics"`` (what ``default_policy`` uses): the work the placement adds to the pod, times
+  the requests it slows down. Its uncached prompt is prefilled in chunks co-scheduled with
+  every sequence on the pod, and each chunk lengthens every one of their steps in proportion
+  to its tokens, so
 
-and the cost of pod p, lower is better:
+      harm_p = (running_p + waiting_p) * (uncached_p + decode_equivalent_tokens) / 1000
+
+  (``uncached_p``: the prompt tokens pod p does not hold in its prefix cache; the optional
+  ``decode_equivalent_tokens`` stands for the request's own decode steps). Zero on an idle
+  pod, and it needs no extra rows. In the simulator's step model (``stack/sim_pod.py``) a
+  prefill token costs every co-scheduled sequence 0.018 ms, so 1000 units of harm are about
+  18 ms x (output tokens)^-1 of TPOT for each of the pod's requests: a harm weight around 0.01
+  puts it on the scale of the own term's -ln P.
+- ``"tpot"``: from the same models, in the same bulk prediction call: for each candidate,
+  ``with_request(row)`` is the pod's row as it will look once this request is placed there
+  (its uncached prompt added to ``prefill_tokens_in_flight``, its KV context to
+  ``decode_tokens_in_flight``, one more running request). The router predicts the
+  candidates' rows and these extra rows together (``extra_rows``), so one routing decision
+  stays one call:
+
+      delta_p = max(0, tpot(with_request(row_p)) - tpot(row_p))        ms per output token
+      harm_p  = delta_p * (running_p + waiting_p) / others_tpot_slo_ms  "SLO-widths" summed
+
+  On the routing benchmark this did not help: the TPOT model answers "the TPOT of a request
+  *arriving* in this state", whose increase is largest on lightly loaded pods, not the
+  marginal TPOT of the requests already running (docs/benchmarks-routing.md).
+
+The cost of pod p, lower is better:
 
     cost_p = own_p + harm_weight * harm_p + cache_weight * (1 - prefix_cache_score_p)
 
@@ -51,15 +71,25 @@ from scheduler_client.picking import Picker
 from scheduler_client.policies import PredictedPolicy, SloHeadroom
 from scheduler_client.types import Prediction, RoutingRequest, Row, meets_slo
 
-__all__ = ["PlacementCost", "with_request"]
+__all__ = ["HarmKind", "PlacementCost", "uncached_tokens", "with_request"]
 
 DEFAULT_OTHERS_TPOT_SLO_MS = 50.0
+HarmKind = Literal["physics", "tpot"]
+
+
+def uncached_tokens(row: Row) -> int:
+    """The prompt tokens the candidate pod of ``row`` must prefill (not in its prefix cache)."""
+    return round(int(row["input_token_length"]) * (1.0 - float(row["prefix_cache_score"])))
+
+
+def _others(row: Row) -> int:
+    return int(row["num_request_running"]) + int(row["num_request_waiting"])
 
 
 def with_request(row: Row) -> dict[str, object]:
     """The candidate pod's row once the request ``row`` describes is placed there (see the module)."""
     prompt = int(row["input_token_length"])
-    uncached = round(prompt * (1.0 - float(row["prefix_cache_score"])))
+    uncached = uncached_tokens(row)
     out = dict(row)
     out["num_request_running"] = int(row["num_request_running"]) + 1
     out["prefill_tokens_in_flight"] = int(row.get("prefill_tokens_in_flight", 0)) + uncached
@@ -79,6 +109,8 @@ class PlacementCost(PredictedPolicy):
         *,
         cache_weight: float = 0.0,
         objective: Literal["headroom", "chance"] = "headroom",
+        harm: HarmKind = "tpot",
+        decode_equivalent_tokens: float = 0.0,
         spreads: Spreads = DEFAULT_SPREADS,
         others_tpot_slo_ms: float | None = None,
         ttft_weight: float = 0.5,
@@ -92,12 +124,18 @@ class PlacementCost(PredictedPolicy):
             raise ValueError("cache_weight must be a finite number >= 0")
         if objective not in ("headroom", "chance"):
             raise ValueError("objective must be 'headroom' or 'chance'")
+        if harm not in ("physics", "tpot"):
+            raise ValueError("harm must be 'physics' or 'tpot'")
+        if decode_equivalent_tokens < 0 or not math.isfinite(decode_equivalent_tokens):
+            raise ValueError("decode_equivalent_tokens must be a finite number >= 0")
         if others_tpot_slo_ms is not None and not others_tpot_slo_ms > 0:
             raise ValueError("others_tpot_slo_ms must be > 0 (or None)")
         super().__init__(picker, seed=seed)
         self.harm_weight = harm_weight
         self.cache_weight = cache_weight
         self.objective = objective
+        self.harm = harm
+        self.decode_equivalent_tokens = decode_equivalent_tokens
         self.spreads = spreads
         self.others_tpot_slo_ms = others_tpot_slo_ms
         self._own = SloHeadroom("spread", ttft_weight=ttft_weight, tpot_weight=tpot_weight)
@@ -105,7 +143,7 @@ class PlacementCost(PredictedPolicy):
         self.tpot_weight = tpot_weight
 
     def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
-        return [with_request(row) for row in rows] if self.harm_weight > 0 else []
+        return [with_request(row) for row in rows] if self.harm_weight > 0 and self.harm == "tpot" else []
 
     def harms(
         self,
@@ -114,17 +152,19 @@ class PlacementCost(PredictedPolicy):
         predictions: Sequence[Prediction],
         extra: Sequence[Prediction],
     ) -> list[float]:
-        """Per candidate: predicted TPOT increase of its requests, summed, in widths of their SLO."""
+        """Per candidate: the harm to the requests already there (``harm``; see the module docstring)."""
+        if self.harm == "physics":
+            added = self.decode_equivalent_tokens
+            return [_others(row) * (uncached_tokens(row) + added) / 1000.0 for row in rows]
+        slo = self.others_tpot_slo_ms or request.tpot_slo_ms or DEFAULT_OTHERS_TPOT_SLO_MS
         if not extra:
             return [0.0] * len(rows)
         if len(extra) != len(rows):
             raise ValueError(f"{len(extra)} placement predictions for {len(rows)} candidates")
-        slo = self.others_tpot_slo_ms or request.tpot_slo_ms or DEFAULT_OTHERS_TPOT_SLO_MS
-        out = []
-        for row, alone, placed in zip(rows, predictions, extra, strict=True):
-            others = int(row["num_request_running"]) + int(row["num_request_waiting"])
-            out.append(max(0.0, placed.tpot_ms - alone.tpot_ms) * others / slo)
-        return out
+        return [
+            max(0.0, placed.tpot_ms - alone.tpot_ms) * _others(row) / slo
+            for row, alone, placed in zip(rows, predictions, extra, strict=True)
+        ]
 
     def predicted_costs(
         self,

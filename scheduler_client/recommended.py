@@ -1,37 +1,45 @@
 """The routing policy we recommend: ``default_policy(seed=0)``.
 
-    PrefixAffinity(PlacementCost(objective="chance", cache_weight=CACHE_WEIGHT,
-                                 harm_weight=HARM_WEIGHT),
+    PrefixAffinity(PlacementCost(objective="chance", harm="physics", harm_weight=HARM_WEIGHT,
+                                 cache_weight=CACHE_WEIGHT),
                    threshold=0.8, ttft_margin_ms=50, ttft_margin_frac=0.25, epsilon=0.05)
 
 Prefix-cache affinity (llm-d's affinity filter, threshold 0.80) gated by predicted TTFT, with
 5% exploration; among the pods it keeps, the cost of a pod is
 
     -ln P(the request meets both its TTFT and TPOT SLO there)      (``odds``: from the p90)
-    + CACHE_WEIGHT x the share of its prompt the pod must prefill (the work it adds there)
-    + HARM_WEIGHT x the predicted TPOT harm to the requests already on the pod
+    + HARM_WEIGHT x (requests on the pod) x (prompt tokens it must prefill there) / 1000
+    + CACHE_WEIGHT x the share of its prompt the pod must prefill
 
-(``placement``). The harm term needs one extra row per candidate in the same bulk call; with
-``HARM_WEIGHT`` 0 no extra rows are sent. With ``admission=True`` the policy is wrapped in
-``Admission(slack_frac=ADMISSION_SLACK)``: sheddable requests no pod is predicted to serve
-within their SLO times (1 + slack) are rejected.
+(``placement``: the harm term is the work the placement adds, times the requests it slows
+down; it needs no extra prediction rows, so a decision stays one bulk call of one row per
+candidate). With ``admission=True`` the policy is wrapped in ``Admission(slack_frac=
+ADMISSION_SLACK)``: sheddable requests no pod is predicted to serve within their SLO times
+(1 + slack) are rejected.
 
-``CACHE_WEIGHT``, ``HARM_WEIGHT`` and ``ADMISSION_SLACK`` were chosen on the routing
-benchmark's validation seeds only (never its evaluation seeds); the evidence is in
-docs/benchmarks-routing.md.
+``HARM_WEIGHT``, ``CACHE_WEIGHT`` and ``ADMISSION_SLACK`` were chosen
+on the routing benchmark's validation seeds only (never its evaluation seeds); the evidence is
+in docs/benchmarks-routing.md.
 """
 
 from __future__ import annotations
 
 from scheduler_client.heuristics import Policy
-from scheduler_client.placement import PlacementCost
+from scheduler_client.placement import HarmKind, PlacementCost
 from scheduler_client.policies import Admission, PrefixAffinity
 
-__all__ = ["ADMISSION_SLACK", "CACHE_WEIGHT", "HARM_WEIGHT", "default_policy"]
+__all__ = [
+    "ADMISSION_SLACK",
+    "CACHE_WEIGHT",
+    "HARM_KIND",
+    "HARM_WEIGHT",
+    "default_policy",
+]
 
 # Chosen on the validation seeds (bench.routing_compare); see the module docstring.
+HARM_KIND: HarmKind = "physics"
+HARM_WEIGHT = 0.003
 CACHE_WEIGHT = 1.0
-HARM_WEIGHT = 0.0
 ADMISSION_SLACK = -0.1
 AFFINITY_THRESHOLD = 0.8
 
@@ -43,10 +51,17 @@ def default_policy(
     harm_weight: float = HARM_WEIGHT,
     cache_weight: float = CACHE_WEIGHT,
     admission_slack: float = ADMISSION_SLACK,
+    harm: HarmKind = HARM_KIND,
 ) -> Policy:
     """The recommended policy (see the module docstring); reproducible from ``seed``."""
     policy: Policy = PrefixAffinity(
-        PlacementCost(harm_weight=harm_weight, cache_weight=cache_weight, objective="chance", seed=seed),
+        PlacementCost(
+            harm_weight=harm_weight,
+            cache_weight=cache_weight,
+            objective="chance",
+            harm=harm,
+            seed=seed,
+        ),
         threshold=AFFINITY_THRESHOLD,
         ttft_margin_ms=50.0,
         ttft_margin_frac=0.25,

@@ -95,6 +95,7 @@ class LiveScorer:
             s.calibration_window,
             s.calibration_min_samples,
             {"ttft": s.calibration_step_ttft, "tpot": s.calibration_step_tpot},
+            () if s.calibration_per_regime == "off" else tuple(s.calibration_per_regime.split("+")),
         )
         self.drift = DriftDetector(
             MODEL_NAMES,

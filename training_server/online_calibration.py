@@ -20,12 +20,21 @@ residuals (of all regimes while it has fewer than ``min_samples``), so one ``ste
 TPOT, quiet and overloaded regimes alike.
 
 Each regime's offset is a part shared by all regimes plus its own part. The shared part moves by
-the error every regime of a batch agrees on (the smallest, when all have the same sign; nothing
-when a batch holds one regime): a change that hits every regime (a slower pool) moves it with
-every batch, so quiet regimes follow too, while a change in one regime moves only that regime.
+the batch's pooled error, each regime of the batch by its own error on top of it: a regime in the
+batch moves by its own error only, a regime not in it follows the batch. A change that hits every
+regime (a slower pool) is seen first where samples are frequent (no queue) and so reaches the
+queue bins that are seen only in bursts before their samples do; a change in one regime moves
+that regime and, by its share of the batch, the regimes not seen meanwhile.
 A regime without samples for ``STALE_S`` (or ever) starts from its nearest regime with
 recent samples (nearest queue bin first), so a queue that grows into a new bin inherits the
 correction of the bin below.
+
+A model not in ``per_regime`` has one offset for every regime, which only ever widens the
+trainer's calibration (it is kept at 0 or above), and its trees' rebase shifts it by their median
+change. That suits TPOT: its sample arrives when the whole request completed, long after the
+queue it saw, so a regime's own tracker chases bursts that are over, and one that also narrowed
+would take back, in every quiet stretch, the margin the trees keep for the next burst; what it
+must follow is a change of the whole pool (slower GPUs), which only ever shows as misses.
 
 When a retrain publishes new trees (``rebase``), each regime's newest ``window`` samples are
 scored again with them. A regime with enough samples the new trees were not trained on (newer
@@ -100,8 +109,11 @@ class RegimeCalibrator:
         window: int,
         min_samples: int,
         steps: dict[str, float],
+        per_regime: tuple[str, ...] | None = None,
     ) -> None:
         self.scheme = scheme
+        # the models whose regimes' own parts track between retrains (default: all)
+        self.per_regime = models if per_regime is None else per_regime
         self.quantile = quantile
         self.min_samples = min_samples
         self.steps = steps  # per model
@@ -127,25 +139,26 @@ class RegimeCalibrator:
         regimes = self.scheme.ids(features)
         residual = log_target - base_margin
         common, alpha = self._common[model], 1.0 - self.quantile
-        errors = []
+        stale = [r for r in np.unique(regimes).tolist() if now_s - seen[r] > STALE_S]
+        for regime in stale:
+            rings.count[regime] = rings.next[regime] = 0
+            theta[regime] = self._neighbour_offset(model, regime, now_s)
+        missed = residual > common + theta[regimes]
+        # The shared part moves by the batch's pooled error, and each regime of the batch by its
+        # own error on top of it: a regime in the batch moves by its own error only, a regime not
+        # in it (not seen for a while) follows the batch, so a change that hits every regime (a
+        # slower pool) reaches the rarely seen queue bins before their samples do.
+        pooled = self.steps[model] * self._spread(rings, None) * min(len(residual), BATCH_CAP)
+        pooled *= COMMON_SHARE * (float(np.mean(missed)) - alpha)
+        # A model without regime trackers only ever widens the trainer's calibration (see above).
+        self._common[model] = common + pooled if model in self.per_regime else max(0.0, common + pooled)
         for regime in np.unique(regimes).tolist():
             rows = np.flatnonzero(regimes == regime)
-            if now_s - seen[regime] > STALE_S:
-                rings.count[regime] = rings.next[regime] = 0
-                theta[regime] = self._neighbour_offset(model, regime, now_s)
             seen[regime] = now_s
-            error = float(np.mean(residual[rows] > common + theta[regime])) - alpha
             weight = self.steps[model] * self._spread(rings, regime) * min(len(rows), BATCH_CAP)
-            theta[regime] += weight * error
+            if model in self.per_regime:
+                theta[regime] += weight * (float(np.mean(missed[rows])) - alpha) - pooled
             rings.add(regime, features[rows], base_margin[rows], residual[rows], stamps[rows])
-            errors.append(error)
-        # The shared part moves by what every regime of the batch agrees on (none if one regime).
-        if len(errors) >= 2 and (min(errors) > 0 or max(errors) < 0):
-            agreed = min(errors) if errors[0] > 0 else max(errors)
-            weight = (
-                COMMON_SHARE * self.steps[model] * self._spread(rings, None) * min(len(residual), BATCH_CAP)
-            )
-            self._common[model] = common + weight * agreed
 
     def _neighbour_offset(self, model: str, regime: int, now_s: float) -> float:
         """The offset of the nearest regime (by queue bin, then KV bin) with recent samples; the
@@ -171,11 +184,12 @@ class RegimeCalibrator:
         return float(np.clip(hi - lo, MIN_SPREAD, MAX_SPREAD))
 
     def rebase(self, model: str, trees_sha256: str, base_margin: MarginFn, unseen_since_s: float) -> None:
-        """New trees, trained on samples older than ``unseen_since_s``: a regime with at least
+        """New trees, trained on samples older than ``unseen_since_s``. Per regime: a regime with at least
         ``min_samples`` newer samples gets the conformal offset of their residuals against the new
         trees (samples the trees never saw, so the offset is not biased low); any other regime
         keeps its offset, shifted by the median change of the served margin on its samples (old
-        minus new). Then the trackers follow the new trees."""
+        minus new). A model without regime trackers shifts its one offset by the median change over
+        all regimes' samples (never below 0). Then the trackers follow the new trees."""
         self.trees[model] = trees_sha256
         rings, theta = self._rings[model], self._theta[model]
         held = [r for r in range(self.scheme.size) if rings.count[r]]
@@ -183,15 +197,18 @@ class RegimeCalibrator:
             return
         parts = [rings.features[r, rings.held(r)] for r in held]
         margin = base_margin(np.ascontiguousarray(np.concatenate(parts)))
+        old = np.concatenate([rings.base[r, : len(part)] for r, part in zip(held, parts, strict=True)])
+        if model not in self.per_regime:  # one widening: shifted by the trees' median change
+            self._common[model] = max(0.0, self._common[model] + float(np.median(old - margin)))
         start = 0
         for r, part in zip(held, parts, strict=True):
             n = len(part)
             new = margin[start : start + n]
             target = rings.base[r, :n] + rings.residual[r, :n]
             unseen = rings.stamp[r, :n] >= unseen_since_s
-            if np.count_nonzero(unseen) >= self.min_samples:
+            if model in self.per_regime and np.count_nonzero(unseen) >= self.min_samples:
                 theta[r] = conformal_offset((target - new)[unseen], self.quantile) - self._common[model]
-            else:
+            elif model in self.per_regime:
                 theta[r] += float(np.median(rings.base[r, :n] - new))
             rings.base[r, :n], rings.residual[r, :n] = new, target - new
             start += n

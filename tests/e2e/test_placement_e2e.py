@@ -27,6 +27,7 @@ from scheduler_client import (
     RoutingRequest,
     SloHeadroom,
     decide,
+    default_policy,
 )
 from stack.simulator import Cluster, PodConfig, SimRequest
 from tests.procs import RunningService, start_service
@@ -96,7 +97,7 @@ def test_placement_cost_sends_a_long_prefill_away_from_the_pod_it_would_harm(tra
     cluster, _ = _state(None)
     rows = cluster.candidate_rows(REQUEST)
 
-    async def decisions() -> tuple[int | None, int | None, float, float]:
+    async def decisions() -> tuple[int | None, int | None, float, float, int | None]:
         async with LatencyClient(trained.prediction.url, config=ClientConfig(predict_timeout_s=10.0)) as c:
             own, own_pred = await decide(c, SloHeadroom("spread"), ROUTING, rows)
             calls = c.counters.predict_calls
@@ -107,12 +108,16 @@ def test_placement_cost_sends_a_long_prefill_away_from_the_pod_it_would_harm(tra
             extra = await c.predict(policy.extra_rows(ROUTING, rows))
             assert extra is not None
             harms = policy.harms(ROUTING, rows, own_pred, extra)
-            return own.pod, placed.pod, harms[0], harms[1]
+            calls = c.counters.predict_calls
+            recommended, _ = await decide(c, default_policy(), ROUTING, rows)  # the physics harm
+            assert c.counters.predict_calls == calls + 1
+            return own.pod, placed.pod, harms[0], harms[1], recommended.pod
 
-    own_pod, placed_pod, harm0, harm1 = asyncio.run(decisions())
+    own_pod, placed_pod, harm0, harm1, recommended_pod = asyncio.run(decisions())
     assert harm0 > harm1, (harm0, harm1)  # the models see what the simulator says
     assert own_pod == 0, "own headroom alone prefers the busy pod (it serves this request sooner)"
     assert placed_pod == 1
+    assert recommended_pod == 1, "default_policy's physics harm term sees it from the rows alone"
 
 
 def test_the_service_answers_the_extra_rows_like_any_rows(trained: Services) -> None:

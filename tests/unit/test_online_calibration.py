@@ -124,7 +124,7 @@ def test_live_coverage_of_a_shifted_regime_returns_to_target_while_others_stay_p
             assert abs(entry["coverage"] - before[label]["coverage"]) <= 0.04, (label, entry, before[label])
             # Their offsets move only by sampling noise, nowhere near the shift's log(1.8) = 0.59.
             assert abs(entry["offset"] - offsets_before[label]) < 0.2, (label, entry, offsets_before[label])
-    for label, entry in _busy(scorer, "tpot").items():  # TPOT never moved: its offsets stay near 0
+    for label, entry in _busy(scorer, "tpot").items():  # TPOT was not shifted: its offsets stay near 0
         assert abs(entry["offset"]) < 0.2 and 0.85 <= entry["coverage"] <= 0.95, (label, entry)
 
     # The correction went out as calibration versions: the same model files, new offsets.

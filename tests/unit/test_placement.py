@@ -24,7 +24,13 @@ from scheduler_client import (
     with_request,
 )
 from scheduler_client.odds import Spreads, log_chance
-from scheduler_client.recommended import ADMISSION_SLACK, AFFINITY_THRESHOLD, CACHE_WEIGHT, HARM_WEIGHT
+from scheduler_client.recommended import (
+    ADMISSION_SLACK,
+    AFFINITY_THRESHOLD,
+    CACHE_WEIGHT,
+    HARM_KIND,
+    HARM_WEIGHT,
+)
 from stack.simulator import Cluster, PodConfig, SimRequest
 
 INTERACTIVE = RoutingRequest(ttft_slo_ms=250.0, tpot_slo_ms=30.0)
@@ -124,8 +130,10 @@ def test_default_policy_is_the_documented_shape() -> None:
     assert isinstance(policy, PrefixAffinity) and policy.threshold == AFFINITY_THRESHOLD == 0.8
     assert policy.epsilon == 0.05 and policy.ttft_margin_ms == 50.0 and policy.ttft_margin_frac == 0.25
     assert isinstance(policy.base, PlacementCost) and policy.base.harm_weight == HARM_WEIGHT
+    assert policy.base.harm == HARM_KIND == "physics"
     assert policy.base.objective == "chance" and policy.base.cache_weight == CACHE_WEIGHT
-    assert default_policy(harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
+    assert policy.extra_rows(BATCH, [row(running=1)]) == []  # the physics harm needs no extra rows
+    assert default_policy(harm="tpot", harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
     shedding = default_policy(admission=True)
     assert isinstance(shedding, Admission) and isinstance(shedding.inner, PrefixAffinity)
     # Reproducible from the seed: the same draws give the same decisions.
@@ -139,11 +147,12 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
     assert f"affinity (score >= {AFFINITY_THRESHOLD:.2f})" in readme
-    assert f"with harm weight {HARM_WEIGHT:g}, i.e. off" in readme and HARM_WEIGHT == 0
+    assert f"plus harm weight {HARM_WEIGHT:g} x the requests on the pod x the prompt tokens" in readme
+    assert HARM_WEIGHT > 0 and HARM_KIND == "physics"
     assert f"plus cache weight {CACHE_WEIGHT:g} x the share of the prompt" in readme
     assert "-ln P(meeting both the TTFT and the TPOT SLO)" in readme
     assert isinstance(default_policy().base, PlacementCost) and default_policy().base.objective == "chance"
-    assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # off: no extra rows are sent
+    assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # no extra rows are sent
     assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
     policy = default_policy()
     assert isinstance(policy, PrefixAffinity) and policy.epsilon == 0.05 and "5% exploration" in readme
@@ -181,3 +190,47 @@ def test_the_cache_term_picks_the_pod_the_simulator_says_costs_the_others_less()
     assert PlacementCost(0.0, objective="chance").choose(request, rows, own).pod == 0
     recommended = PlacementCost(0.0, objective="chance", cache_weight=CACHE_WEIGHT)
     assert recommended.choose(request, rows, own).pod == 1
+
+
+def test_the_physics_harm_is_the_work_added_times_the_requests_slowed_down() -> None:
+    rows = [row(running=0), row(running=10, waiting=2, prefix=0.5), row(running=3)]
+    own = [Prediction(100.0, 20.0)] * 3
+    policy = PlacementCost(1.0, harm="physics")
+    assert policy.extra_rows(BATCH, rows) == []  # from the rows alone: no extra prediction rows
+    assert policy.harms(BATCH, rows, own, []) == pytest.approx([0.0, 12 * 1.5, 3 * 3.0])
+    assert PlacementCost(1.0, harm="physics", decode_equivalent_tokens=1000).harms(
+        BATCH, rows, own, []
+    ) == pytest.approx([0.0, 12 * 2.5, 3 * 4.0])
+    with pytest.raises(ValueError):
+        PlacementCost(1.0, harm="misses")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        PlacementCost(1.0, harm="physics", decode_equivalent_tokens=-1.0)
+
+
+def test_the_recommended_harm_term_takes_the_pod_the_simulator_says_costs_the_others_less() -> None:
+    """Pod 0 decodes 20 requests; pod 1 decodes 2 and has 3 long prompts queued. The new long
+    prompt would get its first token sooner on pod 0, so its own chance alone takes pod 0; the
+    simulator, run both ways, says its prefill there costs the requests already on the pods more
+    TPOT. ``default_policy``'s harm term sees that from the rows alone and takes pod 1."""
+    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
+    for i in range(20):
+        cluster.route(SimRequest(i, 0.0, 300, 400, family=1 + i % 3, prefix_tokens=0), 0)
+    for i in range(2):
+        cluster.route(SimRequest(100 + i, 0.0, 300, 200, family=4, prefix_tokens=0), 1)
+    cluster.advance_to(0.9)
+    for i in range(3):
+        cluster.route(SimRequest(200 + i, 0.9, 4000, 400, family=5, prefix_tokens=0), 1)
+    new = SimRequest(1000, 1.0, prompt_tokens=4000, output_tokens=60, family=7, prefix_tokens=0)
+    cluster.advance_to(new.arrival_s)
+    rows = cluster.candidate_rows(new)
+
+    def others_tpot(pod: int) -> float:
+        trial = copy.deepcopy(cluster)
+        trial.route(new, pod)
+        return sum(c.tpot_ms for c in trial.drain() if c.request.request_id != new.request_id)
+
+    assert others_tpot(0) > others_tpot(1)  # the simulator: pod 1 costs the others less
+    request = RoutingRequest(ttft_slo_ms=1000.0, tpot_slo_ms=60.0)
+    own = [Prediction(150.0, 22.0), Prediction(700.0, 22.0)]  # pod 0 serves it sooner
+    assert default_policy(harm_weight=0.0).choose(request, rows, own).pod == 0
+    assert default_policy().choose(request, rows, own).pod == 1

@@ -15,8 +15,10 @@ WAITING = FEATURE_NAMES.index("num_request_waiting")
 CLOCK = itertools.count(1)
 
 
-def _calibrator() -> RegimeCalibrator:
-    return RegimeCalibrator(("ttft",), DEFAULT_SCHEME, Q, window=256, min_samples=30, steps={"ttft": 0.05})
+def _calibrator(per_regime: tuple[str, ...] = ("ttft",)) -> RegimeCalibrator:
+    return RegimeCalibrator(
+        ("ttft",), DEFAULT_SCHEME, Q, window=256, min_samples=30, steps={"ttft": 0.05}, per_regime=per_regime
+    )
 
 
 def _rows(n: int, waiting: float) -> np.ndarray:
@@ -73,3 +75,35 @@ def test_a_change_in_every_regime_moves_the_shared_part_a_change_in_one_moves_on
     neighbour = cal.offsets("ttft")[_regime(2)]
     _feed(cal, rng, 1, {5: 1.6})  # waiting=4-7 appears for the first time
     assert cal.offsets("ttft")[_regime(5)] > neighbour - 0.1, (cal.offsets("ttft"), neighbour)
+
+
+def test_a_queue_bin_seen_only_in_bursts_follows_a_change_seen_where_samples_are_frequent() -> None:
+    cal, rng = _calibrator(), np.random.default_rng(2)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 200, {0: 0.0, 8: 0.0})  # a burst: waiting=8-15 seen together with no queue
+    burst_offset = cal.offsets("ttft")[_regime(8)]
+    _feed(cal, rng, 200, {0: 1.1})  # the pool got 3x slower; between bursts only waiting=0 is seen
+    # The queue bin followed before any of its own samples arrived...
+    assert cal.offsets("ttft")[_regime(8)] - burst_offset > 0.8, cal.offsets("ttft")
+    # ...so the next burst is covered from its first batch, not after it.
+    assert _feed(cal, rng, 1, {0: 1.1, 8: 1.1})[0] > 0.7
+
+
+def test_a_model_tracked_only_in_its_shared_part_widens_for_the_pool_and_never_narrows() -> None:
+    cal, rng = _calibrator(per_regime=()), np.random.default_rng(3)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    # Trees that over-cover (residuals well below their margin): the offset stays at 0, it never
+    # takes back the margin the trees keep.
+    over = _feed(cal, rng, 200, {0: -0.8, 2: -0.8})
+    assert np.all(cal.offsets("ttft") == 0.0) and np.mean(over) > 0.99
+    # One regime slower: one offset for all regimes, covering the target share of all samples...
+    pooled = _feed(cal, rng, 200, {0: 0.0, 2: 0.8})
+    offsets = cal.offsets("ttft")
+    assert np.ptp(offsets) < 1e-9 and offsets[0] > 0.3, offsets
+    assert abs(np.mean(pooled[100:]) - Q) < 0.03, np.mean(pooled[100:])
+    # ...and the whole pool slower is followed by every regime.
+    _feed(cal, rng, 300, {0: 1.1, 2: 1.1})
+    assert np.all(cal.offsets("ttft") > 1.2), cal.offsets("ttft")
+    # New trees that learned the slowdown (their margin 1.1 higher): the offset is not applied twice.
+    cal.rebase("ttft", "trees-2", lambda f: np.full(len(f), 1.1), float("inf"))
+    assert np.all(cal.offsets("ttft") < 0.6), cal.offsets("ttft")
