@@ -14,16 +14,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import httpx
-from starlette.applications import Starlette
 
 from coalescer.batcher import SLOW_CALL_SHARE, Batcher
 from coalescer.config import CoalescerSettings
 from coalescer.loop_lag import LoopLagMonitor
 from coalescer.metrics import ReplicaCollector, create_metrics, gauge_from
-from coalescer.predict import ASGIApp, PredictionEndpoints
+from coalescer.predict import PredictionEndpoints
 from coalescer.relay import AimdRate, SampleRelay
 from coalescer.routes import build_routes
 from coalescer.runtime import Runtime
@@ -31,36 +29,19 @@ from coalescer.training_proxy import TrainingProxy
 from coalescer.upstreams import ReplicaPool, Resolver, resolve_all
 from shared.client import bearer_header_lines, bearer_headers
 from shared.errors import ServiceError
-from shared.http import install_error_handlers
+from shared.http import FastPathApp, install_error_handlers
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
 
 
-class CoalescerApp(Starlette):
-    """Starlette, except that POSTs to the prediction paths go straight to their raw ASGI handlers.
-
-    They skip the middleware stack and the router (see ``coalescer.predict``); everything else,
-    lifespan included, is plain Starlette (no OpenAPI schema or ``/docs``: wire-contract.md
-    documents the API).
-    """
-
-    fast_paths: dict[str, ASGIApp]
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            handler = self.fast_paths.get(scope["path"])
-            if handler is not None:
-                await handler(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
-
-
-def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all) -> CoalescerApp:
+def create_app(settings: CoalescerSettings, *, resolver: Resolver = resolve_all) -> FastPathApp:
     """Build the app; nothing runs until its lifespan starts (``resolver`` is injectable for tests)."""
     metrics = create_metrics()
     rt = Runtime(settings, metrics, resolver, LoopLagMonitor())
-    app = CoalescerApp(lifespan=lambda _app: _lifespan(rt))
+    # POSTs to the prediction paths go straight to their raw ASGI handlers (``coalescer.predict``);
+    # no OpenAPI schema or ``/docs``: wire-contract.md documents the API.
+    app = FastPathApp(lifespan=lambda _app: _lifespan(rt))
     app.state.runtime = rt
 
     def count_rejection(exc: ServiceError) -> None:

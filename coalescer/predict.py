@@ -2,7 +2,7 @@
 
 ``/predict/bulk/strict``, ``/predict/bulk`` and ``/predict`` read the body from ASGI messages,
 answer with orjson bytes, and are dispatched by the app before Starlette's middleware stack and
-router (see ``app.CoalescerApp``). On this 2-core box that stack (error and exception middleware,
+router (see ``shared.http.FastPathApp``). On this 2-core box that stack (error and exception middleware,
 routing, ``Request``/``Response`` objects) costs a few tens of µs per call,
 a large share of the 300 µs the coalescer may add. Errors still become responses in
 ``shared.http.error_response`` with the app's rejection counter, as every other route's do.
@@ -21,10 +21,9 @@ from typing import Any
 
 from coalescer.batcher import Batcher, ClientDisconnected, Ticket
 from shared.errors import DeadlineExceeded, InvalidInput, Overloaded, ServiceError
-from shared.http import check_declared_size, dump_json, error_response, receive_body
+from shared.http import ASGIApp, check_declared_size, dump_json, error_response, receive_body
 from shared.schemas import loads, parse_all_rows, parse_row, parse_rows, require_list, rows_valid
 
-ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 Handler = Callable[[bytes, "_Call"], Awaitable[Any]]
 
 # Loop lag below this is ordinary jitter on a busy machine: it still counts against the deadline,
