@@ -30,11 +30,13 @@ recent samples (nearest queue bin first), so a queue that grows into a new bin i
 correction of the bin below.
 
 A model not in ``per_regime`` has one offset for every regime, which only ever widens the
-trainer's calibration (it is kept at 0 or above), and its trees' rebase shifts it by their median
-change. That suits TPOT: its sample arrives when the whole request completed, long after the
-queue it saw, so a regime's own tracker chases bursts that are over, and one that also narrowed
-would take back, in every quiet stretch, the margin the trees keep for the next burst; what it
-must follow is a change of the whole pool (slower GPUs), which only ever shows as misses.
+trainer's calibration (it is kept at 0 or above); new trees that predict higher take over part of
+it (their median change), new trees that predict lower are not widened back (the shift would
+otherwise ratchet the widening up with every retrain that learned lower latencies). That suits
+TPOT: its sample arrives when the whole request completed, long after the queue it saw, so a
+regime's own tracker chases bursts that are over, and one that also narrowed would take back, in
+every quiet stretch, the margin the trees keep for the next burst; what it must follow is a change
+of the whole pool (slower GPUs), which only ever shows as misses.
 
 When a retrain publishes new trees (``rebase``), each regime's newest ``window`` samples are
 scored again with them. A regime with enough samples the new trees were not trained on (newer
@@ -188,8 +190,9 @@ class RegimeCalibrator:
         ``min_samples`` newer samples gets the conformal offset of their residuals against the new
         trees (samples the trees never saw, so the offset is not biased low); any other regime
         keeps its offset, shifted by the median change of the served margin on its samples (old
-        minus new). A model without regime trackers shifts its one offset by the median change over
-        all regimes' samples (never below 0). Then the trackers follow the new trees."""
+        minus new). A model without regime trackers lowers its one offset by how much higher the new
+        trees predict (median over all regimes' samples; never below 0, never raised). Then the
+        trackers follow the new trees."""
         self.trees[model] = trees_sha256
         rings, theta = self._rings[model], self._theta[model]
         held = [r for r in range(self.scheme.size) if rings.count[r]]
@@ -198,8 +201,10 @@ class RegimeCalibrator:
         parts = [rings.features[r, rings.held(r)] for r in held]
         margin = base_margin(np.ascontiguousarray(np.concatenate(parts)))
         old = np.concatenate([rings.base[r, : len(part)] for r, part in zip(held, parts, strict=True)])
-        if model not in self.per_regime:  # one widening: shifted by the trees' median change
-            self._common[model] = max(0.0, self._common[model] + float(np.median(old - margin)))
+        if model not in self.per_regime:
+            # One widening: new trees that predict higher took some of it over; new trees that
+            # predict lower learned from the newest samples and are not widened back to the old.
+            self._common[model] = max(0.0, self._common[model] + min(0.0, float(np.median(old - margin))))
         start = 0
         for r, part in zip(held, parts, strict=True):
             n = len(part)

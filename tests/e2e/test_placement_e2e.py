@@ -29,12 +29,13 @@ from scheduler_client import (
     decide,
     default_policy,
 )
-from stack.simulator import Cluster, PodConfig, SimRequest
+from stack.simulator import Cluster
+from tests.harm_scene import LONG_PROMPT, harm_scene
 from tests.procs import RunningService, start_service
 
 pytestmark = pytest.mark.e2e
 
-REQUEST = SimRequest(1000, 1.0, prompt_tokens=4000, output_tokens=60, family=7, prefix_tokens=0)
+REQUEST = LONG_PROMPT
 ROUTING = RoutingRequest(ttft_slo_ms=1000.0)  # a TTFT objective only: its own TPOT does not matter
 
 
@@ -69,15 +70,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
 def _state(place_on: int | None) -> tuple[Cluster, list[float]]:
     """The two-pod state at REQUEST's arrival; with ``place_on`` set, REQUEST goes there, and the
     returned TPOTs are those of every other request once everything has finished."""
-    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
-    for i in range(20):
-        cluster.route(SimRequest(i, 0.0, 300, 400, family=1 + i % 3, prefix_tokens=0), 0)
-    for i in range(2):
-        cluster.route(SimRequest(100 + i, 0.0, 300, 200, family=4, prefix_tokens=0), 1)
-    cluster.advance_to(0.9)
-    for i in range(3):
-        cluster.route(SimRequest(200 + i, 0.9, 4000, 400, family=5, prefix_tokens=0), 1)
-    cluster.advance_to(REQUEST.arrival_s)
+    cluster = harm_scene()
     if place_on is None:
         return cluster, []
     cluster.route(REQUEST, place_on)

@@ -32,6 +32,7 @@ from scheduler_client.recommended import (
     HARM_WEIGHT,
 )
 from stack.simulator import Cluster, PodConfig, SimRequest
+from tests.harm_scene import LONG_PROMPT, harm_scene
 
 INTERACTIVE = RoutingRequest(ttft_slo_ms=250.0, tpot_slo_ms=30.0)
 
@@ -212,16 +213,7 @@ def test_the_recommended_harm_term_takes_the_pod_the_simulator_says_costs_the_ot
     prompt would get its first token sooner on pod 0, so its own chance alone takes pod 0; the
     simulator, run both ways, says its prefill there costs the requests already on the pods more
     TPOT. ``default_policy``'s harm term sees that from the rows alone and takes pod 1."""
-    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
-    for i in range(20):
-        cluster.route(SimRequest(i, 0.0, 300, 400, family=1 + i % 3, prefix_tokens=0), 0)
-    for i in range(2):
-        cluster.route(SimRequest(100 + i, 0.0, 300, 200, family=4, prefix_tokens=0), 1)
-    cluster.advance_to(0.9)
-    for i in range(3):
-        cluster.route(SimRequest(200 + i, 0.9, 4000, 400, family=5, prefix_tokens=0), 1)
-    new = SimRequest(1000, 1.0, prompt_tokens=4000, output_tokens=60, family=7, prefix_tokens=0)
-    cluster.advance_to(new.arrival_s)
+    cluster, new = harm_scene(), LONG_PROMPT
     rows = cluster.candidate_rows(new)
 
     def others_tpot(pod: int) -> float:

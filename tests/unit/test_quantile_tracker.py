@@ -107,3 +107,7 @@ def test_a_model_tracked_only_in_its_shared_part_widens_for_the_pool_and_never_n
     # New trees that learned the slowdown (their margin 1.1 higher): the offset is not applied twice.
     cal.rebase("ttft", "trees-2", lambda f: np.full(len(f), 1.1), float("inf"))
     assert np.all(cal.offsets("ttft") < 0.6), cal.offsets("ttft")
+    # New trees that predict lower than the old ones (they learned latencies went down) are not
+    # widened back up to the old predictions: the widening never ratchets up on a rebase.
+    cal.rebase("ttft", "trees-3", lambda f: np.full(len(f), -1.0), float("inf"))
+    assert np.all(cal.offsets("ttft") < 0.6), cal.offsets("ttft")
