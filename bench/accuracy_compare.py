@@ -5,7 +5,8 @@
 
 Per replay and model, and per run: trained-model coverage overall and queued (``waiting>0``), the
 ours/naive pinball ratio, the slowest recovery after a step, and how many targets passed. The table
-goes into the ``accuracy-evidence-compare`` block of ``--out``.
+goes into the ``accuracy-evidence-compare`` block of ``--out`` (``--block NAME``: the
+``accuracy-evidence-NAME`` block).
 """
 
 from __future__ import annotations
@@ -60,12 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="LABEL=PATH of an accuracy_evidence.py --json dump")
     parser.add_argument("--out", type=Path, help="Markdown file whose compare block is (re)written")
+    parser.add_argument("--block", default="compare", help="name of the generated block (default: compare)")
     args = parser.parse_args(argv)
     runs: dict[str, list[dict[str, Any]]] = {}
     for spec in args.runs:
         label, _, path = spec.partition("=")
         runs[label] = orjson.loads(Path(path).read_bytes())
-    begin, end = markers("compare")
+    begin, end = markers(args.block)
     block = "\n".join([begin, *table(runs), end])
     print(block)
     if args.out is not None:
