@@ -370,7 +370,9 @@ class ModelStore:
                 name: replace(spec, regime_offsets=regime_offsets.get(name, spec.regime_offsets))
                 for name, spec in base.models.items()
             }
-            template = replace(base, kind="calibrated", models=specs, metrics={**base.metrics, **metrics})
+            # A calibrated prior stays a prior: the first retrain replaces it without comparison.
+            kind: Literal["prior", "calibrated"] = "prior" if base.kind == "prior" else "calibrated"
+            template = replace(base, kind=kind, models=specs, metrics={**base.metrics, **metrics})
             return self._write_version(template, models)
 
     def _write_version(self, template: Manifest, models: Mapping[str, bytes | Path]) -> Manifest:

@@ -15,7 +15,10 @@ like the trainer, then per batch:
 4. feeds the residuals against the current trees to the per-regime quantile trackers
    (``training_server.online_calibration``) and, at most once per
    ``calibration_publish_interval_s`` and only when an offset moved by ``calibration_min_shift``,
-   publishes a calibration version: the same model files with new ``regime_offsets``.
+   publishes a calibration version: the same model files with new ``regime_offsets``. The
+   prior is calibrated too (it is a guess about the pods' speed, often off by a large factor,
+   and serves until enough samples for a first retrain arrived); a calibrated prior stays of
+   kind ``prior``.
 
 Under overload it skips whole batches (counted) instead of queueing beyond
 ``live_max_pending_samples``, so ingestion never waits for scoring.
@@ -117,6 +120,7 @@ class LiveScorer:
         self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
         self._calibrated_models = () if s.calibrate_online == "off" else tuple(s.calibrate_online.split("+"))
         self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
+        self._prior_trees: set[str] = set()  # SHA-256 of the prior's trees that were calibrated
         self._last_publish_mono = -float("inf")
         self.scored = 0
         self.skipped = 0
@@ -285,8 +289,8 @@ class LiveScorer:
         stamps: np.ndarray,
         margins: dict[str, np.ndarray | None],
     ) -> None:
-        if current.kind == "prior" or name not in self._calibrated_models:
-            return  # the prior is replaced by the first retrain, not calibrated
+        if name not in self._calibrated_models:
+            return
         spec = current.models[name]
         booster = self._booster(current, name)
         margin = self._margin(current, name, feats, margins)
@@ -295,6 +299,8 @@ class LiveScorer:
         base = replace(spec, regime_offsets=None)
         target = to_margin_target(act, spec.target_transform)
         with self._calibrating:
+            if current.kind == "prior":
+                self._prior_trees.add(spec.sha256)
             self._track(name, booster, base, float("inf"))
             base_now = _base_margin(margin, feats, base)
             self.calibrator.observe(name, feats, target, base_now, stamps, time.monotonic())
@@ -307,14 +313,15 @@ class LiveScorer:
         def margin_of(features: np.ndarray) -> np.ndarray:
             return _base_margin(_predict_margin(booster, features), features, base)
 
-        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s)
+        restart = self.calibrator.trees.get(name) in self._prior_trees
+        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s, restart)
 
     def offsets_for(
         self, name: str, booster: xgb.Booster, spec: ModelSpec, unseen_since_s: float
     ) -> RegimeOffsets | None:
         """The regime offsets new trees are published with (the trainer's thread): the online
         calibration carried over to them, so a retrain does not drop what it has followed.
-        ``unseen_since_s``: the trees were trained on samples older than this."""
+        ``unseen_since_s``: the trees were trained on samples up to this timestamp."""
         if name not in self._calibrated_models:
             return None
         with self._calibrating:
@@ -343,7 +350,7 @@ class LiveScorer:
         s = self.settings
         with self._cond:
             current = self._history[-1].manifest if self._history else None
-        if current is None or current.kind == "prior":
+        if current is None:
             return None
         if time.monotonic() - self._last_publish_mono < s.calibration_publish_interval_s:
             return None

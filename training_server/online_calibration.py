@@ -43,8 +43,9 @@ scored again with them. A regime with enough samples the new trees were not trai
 than their training data: the trainer holds out the newest samples) gets the conformal offset of
 those; any other regime keeps its offset, shifted by the median change of the served margin on its
 samples, so a correction the trees have since learned is not applied twice and one they have not
-learned is kept. Nothing else is reset, so a retrain every second does not throw away what the
-trackers have followed.
+learned is kept. Trees that replace the prior start from their own calibration (every offset 0:
+what the prior's offsets corrected was the prior's guess, not theirs). Nothing else is reset, so
+a retrain every second does not throw away what the trackers have followed.
 
 Not thread-safe: owned by the live-scoring thread.
 """
@@ -185,8 +186,17 @@ class RegimeCalibrator:
         lo, hi = np.quantile(residual, [0.05, 0.95])
         return float(np.clip(hi - lo, MIN_SPREAD, MAX_SPREAD))
 
-    def rebase(self, model: str, trees_sha256: str, base_margin: MarginFn, unseen_since_s: float) -> None:
-        """New trees, trained on samples older than ``unseen_since_s``. Per regime: a regime with at least
+    def rebase(
+        self,
+        model: str,
+        trees_sha256: str,
+        base_margin: MarginFn,
+        unseen_since_s: float,
+        restart: bool = False,
+    ) -> None:
+        """New trees, trained on samples up to ``unseen_since_s``. With ``restart`` (the old trees
+        were the prior's: what their offsets corrected, the trainer's calibration of the new trees
+        already holds) every offset starts again from 0. Per regime: a regime with at least
         ``min_samples`` newer samples gets the conformal offset of their residuals against the new
         trees (samples the trees never saw, so the offset is not biased low); any other regime
         keeps its offset, shifted by the median change of the served margin on its samples (old
@@ -195,6 +205,9 @@ class RegimeCalibrator:
         trackers follow the new trees."""
         self.trees[model] = trees_sha256
         rings, theta = self._rings[model], self._theta[model]
+        if restart:
+            self._common[model] = 0.0
+            theta[:] = 0.0
         held = [r for r in range(self.scheme.size) if rings.count[r]]
         if not held:
             return
@@ -210,10 +223,11 @@ class RegimeCalibrator:
             n = len(part)
             new = margin[start : start + n]
             target = rings.base[r, :n] + rings.residual[r, :n]
-            unseen = rings.stamp[r, :n] >= unseen_since_s
+            # Strictly newer: samples of one posted batch share a stamp, and ties may be trained on.
+            unseen = rings.stamp[r, :n] > unseen_since_s
             if model in self.per_regime and np.count_nonzero(unseen) >= self.min_samples:
                 theta[r] = conformal_offset((target - new)[unseen], self.quantile) - self._common[model]
-            elif model in self.per_regime:
+            elif model in self.per_regime and not restart:
                 theta[r] += float(np.median(rings.base[r, :n] - new))
             rings.base[r, :n], rings.residual[r, :n] = new, target - new
             start += n

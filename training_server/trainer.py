@@ -102,7 +102,7 @@ class _Candidate:
     current_losses: np.ndarray = field(default_factory=lambda: np.empty(0))
     accepted: bool = False
     reason: str = ""
-    unseen_since_s: float = float("inf")  # samples from this timestamp on were not trained on
+    unseen_since_s: float = float("inf")  # samples newer than this timestamp were not trained on
 
 
 @dataclass

@@ -194,3 +194,56 @@ def test_a_drift_event_retrains_at_once(tmp_path: Path) -> None:
         metrics = client.get(ts.url + "/metrics").text
         assert f'training_drift_events_total{{model="ttft",regime="{SHIFTED}"}} ' in metrics
         assert "training_seconds_since_regime_change" in metrics
+
+
+def test_the_prior_is_calibrated_online_before_the_first_retrain(tmp_path: Path) -> None:
+    """Pods 4x slower than the prior guesses: before there are samples enough to train, the prior's
+    calibration follows them (a calibration version that stays of kind ``prior``), and a replica
+    serves it; the first retrain then replaces it as it replaces any prior."""
+    data, logs = tmp_path / "data", tmp_path / "logs"
+    flags = ["--data-dir", str(data), *BASE_FLAGS, "--min-train-samples", "100000"]
+    with (
+        start_service("training_server", flags, log_dir=logs) as ts,
+        httpx.Client(timeout=30) as client,
+    ):
+        prior = Manifest.from_json(client.get(ts.url + "/models/current").content)
+        assert prior.kind == "prior"
+        store = ["--store", str(data / "models"), "--poll-interval-s", "0.1"]
+        with start_service("prediction_server", store, log_dir=logs, ready_path="/readyz") as ps:
+            rows = synthetic.samples(400, np.random.default_rng(7))
+            probe = [
+                {k: v for k, v in e.items() if not k.startswith("actual_")}
+                for e in synthetic.to_entries(rows)
+            ]
+            ttft_before, _, served = _predict(client, ps.url, probe)
+            assert served == prior.version
+            slow = 4.0 * np.asarray(rows["actual_ttft_ms"])
+            coverage_before = float(np.mean(slow <= ttft_before))
+
+            def scored() -> bool:
+                return bool(client.get(ts.url + "/status").json()["live"]["pending_samples"] == 0)
+
+            for seed in range(40):
+                batch = synthetic.samples(50, np.random.default_rng(300 + seed))
+                batch["actual_ttft_ms"] = batch["actual_ttft_ms"] * 4.0
+                _post(client, ts.url, batch)
+                wait_until(scored, "scoring", 30)
+
+            def widened() -> Manifest | None:
+                m = Manifest.from_json(client.get(ts.url + "/models/current").content)
+                offsets = m.models["ttft"].regime_offsets
+                return m if offsets is not None and float(np.median(offsets.offsets)) > 0.5 else None
+
+            version = wait_until(widened, "a calibrated prior", 10)
+            assert version.kind == "prior" and version.version != prior.version
+            assert version.models["ttft"].sha256 == prior.models["ttft"].sha256
+            wait_until(
+                lambda: client.get(ps.url + "/status").json()["model_version"] == version.version,
+                "the replica to serve the calibrated prior",
+                5,
+            )
+            ttft_after, _, _ = _predict(client, ps.url, probe)
+            coverage_after = float(np.mean(slow <= ttft_after))
+            print(f"prior TTFT coverage of 4x slower pods: {coverage_before:.3f} -> {coverage_after:.3f}")
+            assert coverage_after > coverage_before + 0.3, (coverage_before, coverage_after)
+            assert client.get(ts.url + "/readyz").json()["is_prior"] is True

@@ -111,3 +111,33 @@ def test_a_model_tracked_only_in_its_shared_part_widens_for_the_pool_and_never_n
     # widened back up to the old predictions: the widening never ratchets up on a rebase.
     cal.rebase("ttft", "trees-3", lambda f: np.full(len(f), -1.0), float("inf"))
     assert np.all(cal.offsets("ttft") < 0.6), cal.offsets("ttft")
+
+
+def test_trees_that_replace_a_calibrated_prior_start_from_their_own_calibration() -> None:
+    cal, rng = _calibrator(), np.random.default_rng(4)
+    cal.rebase("ttft", "prior", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 200, {0: 1.5, 2: 0.5})  # the prior guessed the pods 4x / 1.6x too fast
+    assert cal.offsets("ttft")[_regime(0)] > 1.3 and cal.offsets("ttft")[_regime(2)] > 0.3
+    # Trained trees (calibrated by the trainer, margin 0.9 higher): nothing of the prior's correction
+    # is carried over, not even shifted by how much the margin moved (that shift is the prior's error).
+    cal.rebase("ttft", "trees", lambda f: np.full(len(f), 0.9), float("inf"), restart=True)
+    assert np.all(cal.offsets("ttft") == 0.0), cal.offsets("ttft")
+
+
+def test_samples_that_share_the_newest_training_timestamp_are_not_taken_as_unseen() -> None:
+    cal, rng = _calibrator(), np.random.default_rng(5)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 50, {0: 0.0})
+    stamp = float(next(CLOCK))
+    target = rng.normal(0.0, 0.3, 40)  # one posted batch: 40 samples, one timestamp
+    cal.observe("ttft", _rows(40, 0), target, np.zeros(40), np.full(40, stamp), stamp)
+    before = cal.offsets("ttft")[_regime(0)]
+    # New trees (margin 0.5 higher) trained on data up to and including that batch: its samples
+    # were trained on, so the offset is carried (lowered by the 0.5 the trees now predict higher),
+    # not recomputed from residuals the trees fitted.
+    cal.rebase("ttft", "trees-2", lambda f: np.full(len(f), 0.5), stamp)
+    assert abs(cal.offsets("ttft")[_regime(0)] - (before - 0.5)) < 1e-9
+    # Trees trained on data up to just before it: the batch is unseen and sets the conformal offset.
+    cal.rebase("ttft", "trees-3", lambda f: np.full(len(f), 0.5), stamp - 0.5)
+    expected = np.quantile(target - 0.5, Q, method="higher")
+    assert abs(cal.offsets("ttft")[_regime(0)] - expected) < 0.1, (cal.offsets("ttft")[_regime(0)], expected)
