@@ -38,7 +38,7 @@ __all__ = [
 
 # Chosen on the validation seeds (bench.routing_compare); see the module docstring.
 HARM_KIND: HarmKind = "physics"
-HARM_WEIGHT = 0.003
+HARM_WEIGHT = 0.01
 CACHE_WEIGHT = 1.0
 ADMISSION_SLACK = -0.1
 AFFINITY_THRESHOLD = 0.8
