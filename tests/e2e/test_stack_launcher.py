@@ -220,7 +220,10 @@ def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStac
     assert len(versions) >= 2 and summary["final_model_version"] == versions[-1] != versions[0]
     training = summary["training_server"]
     assert training["accepted_samples"] >= summary["completions"]
-    assert training["current_version"] == versions[-1] and training["retrains"] >= 1
+    # The training server's current version is the one served last or newer: a calibration version
+    # (at most one a second) can go out between the demo's last prediction and its status read.
+    sequence = [int(v.split("-", 1)[0]) for v in (training["current_version"], versions[-1])]
+    assert sequence[0] >= sequence[1] and training["retrains"] >= 1
     recent = summary["ttft"]["recent"]
     assert recent["pinball"] < recent["constant_pinball"]
     routing = summary["routing"]
