@@ -201,11 +201,12 @@ class TrainingSettings(ServiceSettings):
         "jitters more.",
     )
     calibration_step_tpot: float = Field(
-        default=0.005,
+        default=0.02,
         gt=0,
         le=1,
         description="The same for TPOT. Smaller: a TPOT sample arrives when its whole request completed, "
-        "so a fast step chases bursts that are over.",
+        "so a regime's own tracker chases bursts that are over; TPOT's one widening offset (not per "
+        "regime, the default) takes 0.02.",
     )
     calibration_publish_interval_s: float = Field(
         default=1.0, ge=0, description="Least time between two published calibration versions."
