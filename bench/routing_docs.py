@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,37 @@ def _pts(a: RunResult, b: RunResult) -> str:
     return f"{100 * (a.attainment - b.attainment):+.1f} pts"
 
 
-def _targets(
-    results: Sequence[RunResult], heuristics: set[str], noise: dict[str, float]
-) -> list[dict[str, Any]]:
-    """Per scenario, the recommended policy alone and with admission against the best heuristic."""
+@dataclass(frozen=True)
+class _Target:
+    """One scenario's recommended policy, alone and with admission, against the best heuristic."""
+
+    scenario: str
+    hard: bool  # a high or bursty load: the issue's +2 / +5 targets apply
+    heuristic: RunResult
+    alone: RunResult
+    need_alone: float  # points over the best heuristic routing alone must reach
+    need_shed: float | None  # the same with admission (None: no target at this load)
+    d_alone: float
+    d_shed: float
+
+    @property
+    def ok_alone(self) -> bool:
+        return self.d_alone >= self.need_alone
+
+    @property
+    def ok_shed(self) -> bool:
+        return self.need_shed is not None and self.d_shed >= self.need_shed
+
+    @property
+    def tail_ok(self) -> bool:
+        return self.alone.ttft_ms["p99"] <= self.heuristic.ttft_ms["p99"]
+
+    @property
+    def p99(self) -> str:
+        return f"({self.alone.ttft_ms['p99']:.0f} vs {self.heuristic.ttft_ms['p99']:.0f} ms)"
+
+
+def _targets(results: Sequence[RunResult], heuristics: set[str], noise: dict[str, float]) -> list[_Target]:
     out = []
     for scenario in dict.fromkeys(r.scenario for r in results):
         rows = {r.policy: r for r in results if r.scenario == scenario}
@@ -57,25 +85,10 @@ def _targets(
         if alone is None or shed is None:
             continue
         hard = scenario.endswith(("high", "near-saturation"))
-        floor = noise.get(scenario, 0.0)
-        need_alone, need_shed = (2.0, 5.0) if hard else (-floor, None)
+        need_alone, need_shed = (2.0, 5.0) if hard else (-noise.get(scenario, 0.0), None)
         d_alone = 100 * (alone.attainment - h.attainment)
         d_shed = 100 * (shed.attainment - h.attainment)
-        out.append(
-            {
-                "scenario": scenario,
-                "hard": hard,
-                "heuristic": h,
-                "alone": alone,
-                "d_alone": d_alone,
-                "need_alone": need_alone,
-                "ok_alone": d_alone >= need_alone,
-                "tail_ok": alone.ttft_ms["p99"] <= h.ttft_ms["p99"],
-                "d_shed": d_shed,
-                "need_shed": need_shed,
-                "ok_shed": None if need_shed is None else d_shed >= need_shed,
-            }
-        )
+        out.append(_Target(scenario, hard, h, alone, need_alone, need_shed, d_alone, d_shed))
     return out
 
 
@@ -87,15 +100,12 @@ def done_check(results: Sequence[RunResult], heuristics: set[str], noise: dict[s
         "|---|---:|---|---|---|---:|---|---|",
     ]
     for c in _targets(results, heuristics, noise):
-        alone, h = c["alone"], c["heuristic"]
-        need_shed = c["need_shed"]
-        shed_cell = "" if need_shed is None else ("yes" if c["ok_shed"] else "**no**")
-        shed_target = "" if need_shed is None else f">= +{need_shed:.0f}"
-        p99 = f"({alone.ttft_ms['p99']:.0f} vs {h.ttft_ms['p99']:.0f} ms)"
+        shed_cell = "" if c.need_shed is None else ("yes" if c.ok_shed else "**no**")
+        shed_target = "" if c.need_shed is None else f">= +{c.need_shed:.0f}"
         lines.append(
-            f"| {c['scenario']} | {c['d_alone']:+.1f} pts | >= {c['need_alone']:+.1f} "
-            f"| {'yes' if c['ok_alone'] else '**no**'} | {'yes' if c['tail_ok'] else '**no**'} {p99} "
-            f"| {c['d_shed']:+.1f} pts | {shed_target} | {shed_cell} |"
+            f"| {c.scenario} | {c.d_alone:+.1f} pts | >= {c.need_alone:+.1f} "
+            f"| {'yes' if c.ok_alone else '**no**'} | {'yes' if c.tail_ok else '**no**'} {c.p99} "
+            f"| {c.d_shed:+.1f} pts | {shed_target} | {shed_cell} |"
         )
     return "\n".join(lines)
 
@@ -103,38 +113,31 @@ def done_check(results: Sequence[RunResult], heuristics: set[str], noise: dict[s
 def verdict(results: Sequence[RunResult], heuristics: set[str], noise: dict[str, float]) -> str:
     """The verdict of this run against the issue's targets, from its numbers."""
     checks = _targets(results, heuristics, noise)
-    hard = [c for c in checks if c["hard"]]
-    easy = [c for c in checks if not c["hard"]]
+    hard = [c for c in checks if c.hard]
+    easy = [c for c in checks if not c.hard]
 
-    def listing(rows: list[dict[str, Any]], key: str) -> str:
-        return ", ".join(f"{c[key]:+.1f} ({c['scenario']})" for c in rows)
+    def listing(rows: list[_Target], shed: bool = False) -> str:
+        return ", ".join(f"{c.d_shed if shed else c.d_alone:+.1f} ({c.scenario})" for c in rows)
 
-    met_alone = [c for c in hard if c["ok_alone"]]
-    below = [c for c in easy if not c["ok_alone"]]
-    long_tail = [c for c in checks if not c["tail_ok"]]
-    met_shed = [c for c in hard if c["ok_shed"]]
+    below = [c.scenario for c in easy if not c.ok_alone]
+    long_tail = [f"{c.scenario} {c.p99}" for c in checks if not c.tail_ok]
     tail = (
-        "no worse than the best heuristic's at every load"
-        if not long_tail
-        else "longer than the best heuristic's at "
-        + ", ".join(
-            f"{c['scenario']} ({c['alone'].ttft_ms['p99']:.0f} vs {c['heuristic'].ttft_ms['p99']:.0f} ms)"
-            for c in long_tail
-        )
+        "longer than the best heuristic's at " + ", ".join(long_tail)
+        if long_tail
+        else "no worse than the best heuristic's at every load"
+    )
+    floor = (
+        "below the best heuristic by more than the noise floor at " + ", ".join(below)
+        if below
+        else "never below the best heuristic by more than the noise floor"
     )
     return (
         f"**Verdict of this run** (generated from the rows above). Routing alone, the recommended "
-        f"policy meets the +2-point target at {len(met_alone)} of {len(hard)} high and bursty loads: "
-        f"{listing(hard, 'd_alone')} points. At low and medium load it is "
-        + (
-            "never below the best heuristic by more than the noise floor"
-            if not below
-            else "below the best heuristic by more than the noise floor at "
-            + ", ".join(c["scenario"] for c in below)
-        )
-        + f" ({listing(easy, 'd_alone')}). Its TTFT p99 is {tail}. With admission (sheddable requests "
-        f"only, shed ones counted as misses) it meets the +5-point target at {len(met_shed)} of "
-        f"{len(hard)}: {listing(hard, 'd_shed')} points."
+        f"policy meets the +2-point target at {sum(c.ok_alone for c in hard)} of {len(hard)} high and "
+        f"bursty loads: {listing(hard)} points. At low and medium load it is {floor} ({listing(easy)}). "
+        f"Its TTFT p99 is {tail}. With admission (sheddable requests only, shed ones counted as "
+        f"misses) it meets the +5-point target at {sum(c.ok_shed for c in hard)} of {len(hard)}: "
+        f"{listing(hard, shed=True)} points."
     )
 
 

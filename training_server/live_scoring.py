@@ -120,7 +120,6 @@ class LiveScorer:
         self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
         self._calibrated_models = () if s.calibrate_online == "off" else tuple(s.calibrate_online.split("+"))
         self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
-        self._prior_trees: set[str] = set()  # SHA-256 of the prior's trees that were calibrated
         self._last_publish_mono = -float("inf")
         self.scored = 0
         self.skipped = 0
@@ -299,22 +298,22 @@ class LiveScorer:
         base = replace(spec, regime_offsets=None)
         target = to_margin_target(act, spec.target_transform)
         with self._calibrating:
-            if current.kind == "prior":
-                self._prior_trees.add(spec.sha256)
-            self._track(name, booster, base, float("inf"))
+            self._track(name, booster, base, float("inf"), prior=current.kind == "prior")
             base_now = _base_margin(margin, feats, base)
             self.calibrator.observe(name, feats, target, base_now, stamps, time.monotonic())
 
-    def _track(self, name: str, booster: xgb.Booster, base: ModelSpec, unseen_since_s: float) -> None:
-        """Under ``_calibrating``: make the calibrator track ``base``'s trees (rebase if new)."""
+    def _track(
+        self, name: str, booster: xgb.Booster, base: ModelSpec, unseen_since_s: float, prior: bool = False
+    ) -> None:
+        """Under ``_calibrating``: make the calibrator track ``base``'s trees (rebase if new;
+        ``prior``: they are the prior's)."""
         if self.calibrator.trees.get(name) == base.sha256:
             return
 
         def margin_of(features: np.ndarray) -> np.ndarray:
             return _base_margin(_predict_margin(booster, features), features, base)
 
-        restart = self.calibrator.trees.get(name) in self._prior_trees
-        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s, restart)
+        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s, prior)
 
     def offsets_for(
         self, name: str, booster: xgb.Booster, spec: ModelSpec, unseen_since_s: float

@@ -125,6 +125,7 @@ class RegimeCalibrator:
         self._theta = {name: np.zeros(scheme.size) for name in models}  # each regime's own part
         self._seen_s = {name: np.full(scheme.size, -np.inf) for name in models}  # last sample per regime
         self.trees: dict[str, str] = {}  # model -> SHA-256 of the trees the offsets are for
+        self._prior: dict[str, bool] = {}  # model -> those trees are the prior's
 
     def observe(
         self,
@@ -192,11 +193,12 @@ class RegimeCalibrator:
         trees_sha256: str,
         base_margin: MarginFn,
         unseen_since_s: float,
-        restart: bool = False,
+        prior: bool = False,
     ) -> None:
-        """New trees, trained on samples up to ``unseen_since_s``. With ``restart`` (the old trees
-        were the prior's: what their offsets corrected, the trainer's calibration of the new trees
-        already holds) every offset starts again from 0. Per regime: a regime with at least
+        """New trees (``prior``: the prior's), trained on samples up to ``unseen_since_s``. If the
+        old trees were the prior's, every offset starts again from 0: what they corrected was the
+        prior's guess, and the trainer's calibration of the new trees already holds. Per regime: a
+        regime with at least
         ``min_samples`` newer samples gets the conformal offset of their residuals against the new
         trees (samples the trees never saw, so the offset is not biased low); any other regime
         keeps its offset, shifted by the median change of the served margin on its samples (old
@@ -204,6 +206,7 @@ class RegimeCalibrator:
         trees predict (median over all regimes' samples; never below 0, never raised). Then the
         trackers follow the new trees."""
         self.trees[model] = trees_sha256
+        restart, self._prior[model] = self._prior.get(model, False), prior
         rings, theta = self._rings[model], self._theta[model]
         if restart:
             self._common[model] = 0.0

@@ -115,12 +115,12 @@ def test_a_model_tracked_only_in_its_shared_part_widens_for_the_pool_and_never_n
 
 def test_trees_that_replace_a_calibrated_prior_start_from_their_own_calibration() -> None:
     cal, rng = _calibrator(), np.random.default_rng(4)
-    cal.rebase("ttft", "prior", lambda f: np.zeros(len(f)), float("inf"))
+    cal.rebase("ttft", "prior", lambda f: np.zeros(len(f)), float("inf"), prior=True)
     _feed(cal, rng, 200, {0: 1.5, 2: 0.5})  # the prior guessed the pods 4x / 1.6x too fast
     assert cal.offsets("ttft")[_regime(0)] > 1.3 and cal.offsets("ttft")[_regime(2)] > 0.3
     # Trained trees (calibrated by the trainer, margin 0.9 higher): nothing of the prior's correction
     # is carried over, not even shifted by how much the margin moved (that shift is the prior's error).
-    cal.rebase("ttft", "trees", lambda f: np.full(len(f), 0.9), float("inf"), restart=True)
+    cal.rebase("ttft", "trees", lambda f: np.full(len(f), 0.9), float("inf"))
     assert np.all(cal.offsets("ttft") == 0.0), cal.offsets("ttft")
 
 
