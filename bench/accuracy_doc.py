@@ -39,7 +39,13 @@ def markdown(
         f"on a shared, busy 2-core machine; {wall_s / 60:.1f} min wall in all. Training-server flags: "
         f"{flags}. Traces at {args.trace_speed:g}x their recorded pace; simulator at {args.sim_speed:g} "
         f"simulated s per wall s, seeds {' '.join(map(str, args.seeds))}; samples "
-        f"{'carry' if args.send_predictions else 'do not carry'} the predicted_*_ms fields.",
+        f"{'carry' if args.send_predictions else 'do not carry'} the predicted_*_ms fields; the "
+        f"simulator posts a request's samples "
+        + (
+            "as llm-d's EPP streams: TTFT at the first token, TPOT at completion."
+            if args.feedback == "first-token"
+            else "once it completed (TTFT and TPOT together)."
+        ),
         "",
         "```",
         command,

@@ -19,9 +19,7 @@ targets (``bench.accuracy_targets``):
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import threading
@@ -46,41 +44,9 @@ from bench.accuracy_steps import Scenario, scenarios  # noqa: E402
 from bench.accuracy_targets import Stream, judge, summarise_stream  # noqa: E402
 from bench.accuracy_trace import DEFAULT_DIR, TRACES, TraceResult, load_trace, replay_trace  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
-from tests.procs import RunningService, free_port  # noqa: E402
+from tests.procs import start_service  # noqa: E402
 
 MODELS = ("ttft", "tpot")
-
-
-def start(
-    module: str, args: Sequence[str], root: Path, log_dir: Path, ready: str = "/healthz"
-) -> RunningService:
-    """``python -m module`` from ``root`` (its packages first on the path) on a free loopback port."""
-    port = free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{module}-{port}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root)}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=root,
-            start_new_session=True,
-        )
-    service = RunningService(module, f"http://127.0.0.1:{port}", port, proc, log_path)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{module} exited with {proc.returncode}:\n{service.logs()[-3000:]}")
-        try:
-            if httpx.get(service.url + ready, timeout=1.0).status_code == 200:
-                return service
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    service.kill()
-    raise TimeoutError(f"{module} not ready:\n{service.logs()[-3000:]}")
 
 
 class Servers:
@@ -91,12 +57,21 @@ class Servers:
 
     def __enter__(self) -> Servers:
         logs = self.workdir / "logs"
-        self.training = start(
-            "training_server", ["--data-dir", str(self.workdir), *self.flags], self.root, logs
+        self.training = start_service(
+            "training_server",
+            ["--data-dir", str(self.workdir), *self.flags],
+            log_dir=logs,
+            root=self.root,
+            timeout_s=90.0,
         )
         try:
-            self.prediction = start(
-                "prediction_server", ["--store", str(self.workdir / "models")], self.root, logs, "/readyz"
+            self.prediction = start_service(
+                "prediction_server",
+                ["--store", str(self.workdir / "models")],
+                log_dir=logs,
+                ready_path="/readyz",
+                root=self.root,
+                timeout_s=90.0,
             )
         except Exception:
             self.training.stop()
@@ -120,9 +95,10 @@ def trace_streams(r: TraceResult, rates: list[float]) -> dict[str, Stream]:
     rows = [{k: v for k, v in e.items() if not k.startswith("actual_")} for e in r.entries]
     waiting = np.array([e["num_request_waiting"] for e in r.entries], float)
     labels = np.array([f"{s + 1}: {rates[s]:g} QPS" for s in r.stage], dtype=object)
-    bins, trained = _bins(rows), np.array([k != "prior" for k in r.kinds])
+    bins = _bins(rows)
     out = {}
     for m in MODELS:
+        trained = np.asarray(r.kinds[m], dtype=object) != "prior"
         actual = np.array([float(e[f"actual_{m}_ms"]) for e in r.entries])
         keep = actual > 0
         pred, naive = getattr(r, f"predicted_{m}_ms"), getattr(r, f"naive_{m}_ms")
@@ -143,9 +119,10 @@ def sim_streams(r: ReplayResult, scenario: Scenario) -> dict[str, Stream]:
     t = r.array("routed_at_s")
     waiting = np.array([row["num_request_waiting"] for row in r.rows], float)
     labels = np.array([scenario.phase(x) for x in t.tolist()], dtype=object)
-    bins, trained = _bins(r.rows), r.array("kinds") != "prior"
+    bins = _bins(r.rows)
     out = {}
     for m in MODELS:
+        trained = r.trained(m)
         actual = r.array(f"actual_{m}_ms")
         keep = actual > 0
         out[m] = Stream(
@@ -194,6 +171,7 @@ def run_scenario(scenario: Scenario, seed: int, args: argparse.Namespace, workdi
         seed=seed,
         speed=args.sim_speed,
         send_predictions=args.send_predictions,
+        feedback=args.feedback,
     )
     with Servers(workdir / f"{scenario.name}-{seed}", args.services_root, args.training_flag) as servers:
         baseline = SlidingWindowBaseline(args.quantile)
@@ -229,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services-root", type=Path, default=REPO, help="checkout whose services run")
     parser.add_argument(
         "--send-predictions", action="store_true", help="samples carry predicted_ttft_ms / predicted_tpot_ms"
+    )
+    parser.add_argument(
+        "--feedback",
+        choices=("completion", "first-token"),
+        default="completion",
+        help="simulator: post both targets at completion, or TTFT at the first token (llm-d's EPP)",
     )
     parser.add_argument("--label", default="", help="what was measured (e.g. 'main at abc123')")
     parser.add_argument("--block", default="", help="name of the generated block and figure suffix")

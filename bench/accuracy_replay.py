@@ -7,7 +7,11 @@ per pod, as a scheduler sends them) and the request is routed independently of t
 buffered and posted to ``POST /add_training_data_bulk`` every simulated second (the Go client's
 flush period) in completion order, without timestamps (the client's zero time: "now"), so the
 training server retrains and publishes exactly as in production. A request's prediction is thus
-made before its own sample, or any sample completed after its routing, was sent.
+made before its own sample, or any sample completed after its routing, was sent. With
+``feedback="first-token"`` a request's TTFT goes out as a TTFT-only sample (``actual_tpot_ms``
+0) at the flush after its first token, and its TPOT as a TPOT-only sample after it completed: the
+way llm-d's EPP reports while it streams the response, so a TTFT is learned one request duration
+sooner.
 
 ``speed`` caps simulated seconds per wall second, which fixes how stale a model is (in simulated
 time) while a retrain runs; the training server's retrain triggers are set by the caller.
@@ -39,6 +43,9 @@ if TYPE_CHECKING:
     from bench.accuracy_naive import SlidingWindowBaseline
 
 Routing = Literal["random", "round-robin"]
+# When a request's samples are posted: both targets once it completed, or (as llm-d's EPP does
+# while it streams the response) a TTFT-only sample at its first token and a TPOT-only one at the end.
+Feedback = Literal["completion", "first-token"]
 MAX_BATCH = 1000  # the training API's per-call flush size
 
 
@@ -53,6 +60,7 @@ class ReplayConfig:
     flush_every_s: float = 1.0  # simulated
     call_timeout_s: float = 10.0
     send_predictions: bool = False  # add predicted_ttft_ms / predicted_tpot_ms to each sample (wire 1)
+    feedback: Feedback = "completion"
 
 
 @dataclass
@@ -66,7 +74,8 @@ class ReplayResult:
     actual_ttft_ms: list[float] = field(default_factory=list)
     actual_tpot_ms: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)  # "prior" or "trained"
+    # per model: "prior" if the prior's trees answered (the version's other model may be trained)
+    kinds: dict[str, list[str]] = field(default_factory=lambda: {"ttft": [], "tpot": []})
     routed_at_s: list[float] = field(default_factory=list)
     naive_ttft_ms: list[float] = field(default_factory=list)  # NaN: no baseline (or none fitted yet)
     naive_tpot_ms: list[float] = field(default_factory=list)
@@ -81,7 +90,11 @@ class ReplayResult:
 
     def array(self, name: str) -> np.ndarray:
         values: list[Any] = getattr(self, name)
-        return np.asarray(values, dtype=object if name in ("versions", "kinds") else np.float64)
+        return np.asarray(values, dtype=object if name == "versions" else np.float64)
+
+    def trained(self, model: str) -> np.ndarray:
+        """Per request: whether trained trees of ``model`` answered it (not the prior's)."""
+        return np.asarray(self.kinds[model], dtype=object) != "prior"
 
 
 Event = tuple[float, Callable[[Cluster], None]]  # (simulated time, action on the cluster)
@@ -109,7 +122,7 @@ def replay_stream(
     """Replay ``requests`` (time-ordered) on ``cluster``; ``cfg`` gives the pace, flush period and routing."""
     choose = _chooser(cfg.routing, cfg.seed)
     result = ReplayResult(cfg)
-    asked: dict[int, tuple[float, float, str, str]] = {}
+    asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
     routed: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush (for the baseline)
     naive: dict[int, tuple[float, float]] = {}
     completed: list[int] = []  # request ids in the order of result.rows
@@ -134,16 +147,29 @@ def replay_stream(
                 baseline.learn(buffer)
             buffer.clear()
 
+        def sample(features: dict[str, Any], ttft_ms: float, tpot_ms: float, prediction: Any) -> None:
+            entry = {**features, "actual_ttft_ms": ttft_ms, "actual_tpot_ms": tpot_ms}
+            if cfg.send_predictions:
+                entry.update(predicted_ttft_ms=prediction[0], predicted_tpot_ms=prediction[1])
+            buffer.append(entry)
+
+        streaming = cfg.feedback == "first-token"
+        if streaming:
+            cluster.record_first_tokens()
+
         def complete(done: list[Completion]) -> None:
+            if streaming:  # first tokens come before their own completions
+                for f in cluster.take_first_tokens():
+                    sample(f.features, f.ttft_ms, 0.0, asked[f.request.request_id])
             for c in done:
                 rid = c.request.request_id
                 prediction = asked.pop(rid)
                 _record(result, c, prediction)
                 completed.append(rid)
-                entry = {**c.features, "actual_ttft_ms": c.ttft_ms, "actual_tpot_ms": c.tpot_ms}
-                if cfg.send_predictions:
-                    entry.update(predicted_ttft_ms=prediction[0], predicted_tpot_ms=prediction[1])
-                buffer.append(entry)
+                if not streaming:
+                    sample(c.features, c.ttft_ms, c.tpot_ms, prediction)
+                elif c.tpot_ms > 0:
+                    sample(c.features, 0.0, c.tpot_ms, prediction)
 
         started = time.monotonic()
         next_flush_s = cfg.flush_every_s
@@ -186,12 +212,20 @@ def _chooser(routing: Routing, seed: int) -> Callable[[SimRequest, list[dict[str
 
 def _predict(
     client: httpx.Client, url: str, rows: list[dict[str, Any]], pod: int
-) -> tuple[float, float, str, str]:
+) -> tuple[float, float, str, dict[str, str]]:
     response = client.post(url, content=orjson.dumps({"requests": rows}), headers=_JSON)
     if response.status_code != 200:
         raise RuntimeError(f"prediction call failed: HTTP {response.status_code}: {response.text[:300]}")
     p = orjson.loads(response.content)["predictions"][pod]
-    return float(p["ttft_ms"]), float(p["tpot_ms"]), str(p["model_version"]), str(p.get("model_kind", ""))
+    return float(p["ttft_ms"]), float(p["tpot_ms"]), str(p["model_version"]), answer_kinds(p)
+
+
+def answer_kinds(prediction: dict[str, Any]) -> dict[str, str]:
+    """Per model, the kind of trees that answered a prediction: its ``model_kinds`` (or, from a
+    server that predates them, the version's ``model_kind`` for both)."""
+    kind = str(prediction.get("model_kind", ""))
+    per_model = prediction.get("model_kinds") or {}
+    return {m: str(per_model.get(m, kind)) for m in ("ttft", "tpot")}
 
 
 def _post_samples(client: httpx.Client, url: str, entries: list[dict[str, Any]]) -> int:
@@ -208,15 +242,16 @@ def _post_samples(client: httpx.Client, url: str, entries: list[dict[str, Any]])
         time.sleep(min(float(response.headers.get("retry-after", "1")), 5.0))
 
 
-def _record(result: ReplayResult, c: Completion, asked: tuple[float, float, str, str]) -> None:
-    ttft, tpot, version, kind = asked
+def _record(result: ReplayResult, c: Completion, asked: tuple[float, float, str, dict[str, str]]) -> None:
+    ttft, tpot, version, kinds = asked
     result.rows.append(c.features)
     result.predicted_ttft_ms.append(ttft)
     result.predicted_tpot_ms.append(tpot)
     result.actual_ttft_ms.append(c.ttft_ms)
     result.actual_tpot_ms.append(c.tpot_ms)
     result.versions.append(version)
-    result.kinds.append(kind)
+    for model, kind in kinds.items():
+        result.kinds[model].append(kind)
     result.routed_at_s.append(c.routed_at_s)
 
 

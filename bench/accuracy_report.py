@@ -93,16 +93,18 @@ def _training_view(url: str, versions: set[str]) -> dict[str, Any]:
     return {"retrains": status["training"]["runs"], "held_out_coverage": held_out}
 
 
-def after_warmup(result: ReplayResult, warmup_s: float) -> np.ndarray:
-    """Requests a trained version answered, routed at or after ``warmup_s`` simulated seconds."""
-    return np.asarray((result.array("kinds") != "prior") & (result.array("routed_at_s") >= warmup_s))
+def after_warmup(result: ReplayResult, warmup_s: float, model: str | None = None) -> np.ndarray:
+    """Requests trained trees of ``model`` (default: of both models) answered, routed at or after
+    ``warmup_s`` simulated seconds."""
+    trained = result.trained(model) if model else result.trained("ttft") & result.trained("tpot")
+    return np.asarray(trained & (result.array("routed_at_s") >= warmup_s))
 
 
 def scored(results: list[ReplayResult], model: str, warmup_s: float) -> Scored:
     """One model's predictions after the warm-up, pooled over runs (versions prefixed by seed)."""
     parts = []
     for r in results:
-        keep = after_warmup(r, warmup_s)
+        keep = after_warmup(r, warmup_s, model)
         columns = {k: v[keep] for k, v in r.columns().items()}
         parts.append(
             (

@@ -40,7 +40,7 @@ import orjson
 import yaml
 
 from bench.accuracy_naive import SlidingWindowBaseline
-from bench.accuracy_replay import MAX_BATCH, _post_samples
+from bench.accuracy_replay import MAX_BATCH, _post_samples, answer_kinds
 
 TRACES = ("sharegpt-h200", "chatbot-synthetic-h200", "bimodal-h200")
 DEFAULT_DIR = Path("/work/shared/data/llmd-h200-traces")
@@ -122,7 +122,7 @@ class TraceResult:
     naive_ttft_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
     naive_tpot_ms: np.ndarray = field(default_factory=lambda: np.empty(0))
     versions: list[str] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
+    kinds: dict[str, list[str]] = field(default_factory=dict)  # per model, as ReplayResult's
     prediction_calls: int = 0
     samples_sent: int = 0
     throttled: int = 0
@@ -147,7 +147,7 @@ def replay_trace(
     result = TraceResult(trace.name, speed, times, stage, starts, trace.entries)
     pred = {m: np.full(n, np.nan) for m in ("ttft", "tpot", "naive_ttft", "naive_tpot")}
     versions = [""] * n
-    kinds = [""] * n
+    kinds: dict[str, list[str]] = {"ttft": [""] * n, "tpot": [""] * n}
     buffer: list[dict[str, Any]] = []
     with httpx.Client(timeout=timeout_s) as client:
         predict_url = prediction_url.rstrip("/") + "/predict/bulk/strict"
@@ -185,7 +185,8 @@ def replay_trace(
                 pred["ttft"][i + offset] = p["ttft_ms"]
                 pred["tpot"][i + offset] = p["tpot_ms"]
                 versions[i + offset] = str(p["model_version"])
-                kinds[i + offset] = str(p.get("model_kind", ""))
+                for model, kind in answer_kinds(p).items():
+                    kinds[model][i + offset] = kind
             if baseline is not None:
                 guess = baseline.predict(rows)
                 pred["naive_ttft"][i:j] = guess["ttft"]

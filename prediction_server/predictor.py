@@ -132,6 +132,7 @@ class Predictor:
             "last_model_load": loaded_at.isoformat(),
             "model_version": manifest.version,
             "model_kind": manifest.kind,
+            "model_kinds": {name: manifest.model_kind(name) for name in MODEL_NAMES},
         }
         predictor = replace(self, manifest=manifest, loaded_at=loaded_at, prediction_constants=constants)
         predictor.self_test()
@@ -160,6 +161,7 @@ class Predictor:
             "last_model_load": loaded_at.isoformat(),
             "model_version": manifest.version,
             "model_kind": manifest.kind,
+            "model_kinds": {name: manifest.model_kind(name) for name in MODEL_NAMES},
         }
         predictor = cls(manifest, forests, loaded_at, constants)
         predictor.self_test()

@@ -100,6 +100,16 @@ class Manifest:
     xgboost_version: str = ""
     format: int = MANIFEST_FORMAT
 
+    def model_kind(self, name: str) -> Kind:
+        """``"prior"`` if model ``name``'s trees are the prior's: in a prior version, or in a trained
+        (or calibrated) one that carried them because that model had too few samples of its own
+        yet (its ``metrics[name]["source"]`` is ``"prior"``; a scheduler that reports each TTFT at
+        the first token trains TTFT well before TPOT). Otherwise the version's kind."""
+        entry = self.metrics.get(name)
+        if self.kind == "prior" or (isinstance(entry, dict) and entry.get("source") == "prior"):
+            return "prior"
+        return self.kind
+
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
 

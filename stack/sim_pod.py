@@ -77,6 +77,19 @@ class Completion:
     preemptions: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """A request's first token, with its routing-time row: what a streaming scheduler (llm-d's
+    EPP) reports as a TTFT-only training sample the moment the token arrives."""
+
+    request: SimRequest
+    pod: int
+    routed_at_s: float
+    features: dict[str, Any]
+    ttft_ms: float
+    at_s: float
+
+
 class _Seq:
     __slots__ = (
         "decode_start_step",
@@ -134,6 +147,7 @@ class SimPod:
         self.peak_kv_used_tokens = 0
         self.num_preemptions = 0
         self.num_steps = 0
+        self.first_tokens: list[FirstToken] | None = None  # a list: first tokens are recorded there
 
     @property
     def num_waiting(self) -> int:
@@ -286,6 +300,10 @@ class SimPod:
             seq.generated += 1  # the last prefill chunk samples a token
             if seq.first_token_s is None:
                 seq.first_token_s = t_s
+                if self.first_tokens is not None:
+                    self.first_tokens.append(
+                        FirstToken(seq.req, self.index, seq.routed_at_s, seq.row, self._ttft_ms(seq), t_s)
+                    )
             if seq.generated >= seq.req.output_tokens:
                 self.kv_used_tokens -= seq.kv_tokens
                 self._finish(seq, t_s, out)
@@ -302,11 +320,15 @@ class SimPod:
         del self._running[seq.key]
         req = seq.req
         assert seq.first_token_s is not None
-        ttft_ms = (seq.first_token_s - seq.routed_at_s) * 1e3 + self.cfg.frontend_overhead_ms
+        ttft_ms = self._ttft_ms(seq)
         tpot_ms = (t_s - seq.first_token_s) * 1e3 / (req.output_tokens - 1) if req.output_tokens > 1 else 0.0
         out.append(
             Completion(req, self.index, seq.routed_at_s, seq.row, ttft_ms, tpot_ms, t_s, seq.preemptions)
         )
+
+    def _ttft_ms(self, seq: _Seq) -> float:
+        assert seq.first_token_s is not None
+        return (seq.first_token_s - seq.routed_at_s) * 1e3 + self.cfg.frontend_overhead_ms
 
     def _preempt_newest(self) -> None:
         """Recompute-style preemption: free the newest sequence's KV and requeue it at the head."""

@@ -15,12 +15,13 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from stack.sim_pod import Completion, PodConfig, SimPod
+from stack.sim_pod import Completion, FirstToken, PodConfig, SimPod
 from stack.workload import SimRequest, Workload, WorkloadConfig
 
 __all__ = [
     "Cluster",
     "Completion",
+    "FirstToken",
     "PodConfig",
     "SimRequest",
     "Workload",
@@ -59,6 +60,22 @@ class Cluster:
             done.sort(key=_finished_s)
         self._rows_for = None
         return done
+
+    def record_first_tokens(self) -> None:
+        """From now on, remember each request's first token for ``take_first_tokens``."""
+        for pod in self.pods:
+            if pod.first_tokens is None:
+                pod.first_tokens = []
+
+    def take_first_tokens(self) -> list[FirstToken]:
+        """The first tokens since the last call, in time order (needs ``record_first_tokens``)."""
+        out: list[FirstToken] = []
+        for pod in self.pods:
+            if pod.first_tokens:
+                out.extend(pod.first_tokens)
+                pod.first_tokens.clear()
+        out.sort(key=lambda f: f.at_s)
+        return out
 
     def candidate_rows(self, req: SimRequest) -> list[dict[str, Any]]:
         """One wire feature row per pod (in pod order) for routing ``req`` at ``now_s``."""

@@ -89,20 +89,24 @@ def start_service(
     env: dict[str, str] | None = None,
     ready_path: str = "/healthz",
     timeout_s: float = 60.0,
+    root: Path = REPO_ROOT,
 ) -> RunningService:
-    """Start ``python -m module`` on a free loopback port and wait until ``ready_path`` answers 200."""
+    """Start ``python -m module`` on a free loopback port and wait until ``ready_path`` answers 200.
+
+    ``root`` is the checkout whose code runs (its packages first on the path): this one, or
+    another (a benchmark comparing two versions of the services)."""
     port = port or free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{module}-{port}.log"
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), full_env.get("PYTHONPATH")]))
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), full_env.get("PYTHONPATH")]))
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(port), *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
-            cwd=REPO_ROOT,
+            cwd=root,
             start_new_session=True,
         )
     service = RunningService(module, f"http://127.0.0.1:{port}", port, proc, log_path)

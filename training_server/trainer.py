@@ -326,7 +326,7 @@ class Trainer:
                 entry = {
                     **previous,
                     **entry,
-                    "source": "carried" if current.manifest.kind != "prior" else "prior",
+                    "source": "prior" if current.manifest.model_kind(name) == "prior" else "carried",
                 }
                 entry["from_version"] = previous.get("from_version", current.manifest.version)
             else:

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from bench.accuracy_metrics import Scored, dimension_bins, summarise
-from bench.accuracy_replay import ReplayConfig, replay
-from tests.procs import start_service
+from bench.accuracy_replay import Feedback, ReplayConfig, replay
+from tests.procs import get_json, start_service
 from training_server.window import stratum_ids
 
 pytestmark = pytest.mark.e2e
@@ -31,21 +31,31 @@ QUANTILE = 0.9
 TRAINING_FLAGS = ["--min-new-samples", "1000", "--retrain-interval-s", "5", "--retrain-min-gap-s", "1"]
 
 
-def test_both_models_beat_the_best_constant_on_requests_they_had_not_seen(tmp_path: Path) -> None:
+@pytest.mark.parametrize("feedback", ["completion", "first-token"])
+def test_both_models_beat_the_best_constant_on_requests_they_had_not_seen(
+    tmp_path: Path, feedback: Feedback
+) -> None:
+    """Also with llm-d's streaming feedback: a TTFT-only sample at each first token and a
+    TPOT-only one at completion, each sent exactly once."""
     data_dir, logs = tmp_path / "data", tmp_path / "logs"
     with start_service(
         "training_server", ["--data-dir", str(data_dir), *TRAINING_FLAGS], log_dir=logs
     ) as training:
         store = ["--store", str(data_dir / "models"), "--poll-interval-s", "0.1"]
         with start_service("prediction_server", store, log_dir=logs, ready_path="/readyz") as prediction:
-            result = replay(ReplayConfig(duration_s=120.0, speed=10.0, seed=5), prediction.url, training.url)
-    kinds = result.array("kinds")
-    trained = kinds != "prior"
-    assert (~trained).any(), "the prior answered first"
-    assert len(set(result.array("versions")[trained].tolist())) >= 2, "several trained versions answered"
-    assert trained.sum() >= 0.6 * len(kinds)
-    columns = {name: column[trained] for name, column in result.columns().items()}
+            cfg = ReplayConfig(duration_s=120.0, speed=10.0, seed=5, feedback=feedback)
+            result = replay(cfg, prediction.url, training.url)
+        accepted = get_json(training.url + "/status")["intake"]["accepted_samples"]
+    n = len(result.rows)
+    with_tpot = int(np.count_nonzero(result.array("actual_tpot_ms") > 0))
+    assert result.samples_sent == accepted == (n if feedback == "completion" else n + with_tpot)
     for model in ("ttft", "tpot"):
+        # per model: with streaming feedback TTFT trains before TPOT has samples enough
+        trained = result.trained(model)
+        assert (~trained).any(), f"the prior answered {model} first"
+        assert len(set(result.array("versions")[trained].tolist())) >= 2, "several trained versions answered"
+        assert trained.sum() >= 0.6 * len(trained)
+        columns = {name: column[trained] for name, column in result.columns().items()}
         scored = Scored(
             predicted=result.array(f"predicted_{model}_ms")[trained],
             actual=result.array(f"actual_{model}_ms")[trained],

@@ -79,6 +79,7 @@ def test_version_metadata_and_constant_prediction_fields(store: ModelStore) -> N
         "last_model_load": predictor.last_model_load,
         "model_version": predictor.version,
         "model_kind": "trained",
+        "model_kinds": {"ttft": "trained", "tpot": "trained"},
     }
 
 

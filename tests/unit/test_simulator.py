@@ -244,3 +244,44 @@ def test_long_prompt_share_makes_a_bimodal_prompt_mix_and_leaves_the_default_str
     assert max(mixed) <= 12352
     with pytest.raises(ValueError):
         WorkloadConfig(long_prompt_share=1.5)
+
+
+def test_first_tokens_are_reported_once_per_request_when_they_happen_and_change_nothing() -> None:
+    """A streaming scheduler learns a TTFT at the first token: the cluster reports each request's
+    first token once (with preemptions: only the first), no later than its completion and before
+    the clock that passed it, and recording them leaves the completions bit-identical."""
+
+    def run(record: bool) -> tuple[list[Completion], list, list[tuple[float, float]]]:
+        cfg = PodConfig(kv_capacity_tokens=12000)
+        cluster = Cluster([cfg, cfg], seed=5)
+        if record:
+            cluster.record_first_tokens()
+        wl = Workload(WorkloadConfig(rate_rps=40, num_requests=500, seed=5, prompt_max_tokens=4000))
+        choose = round_robin()
+        done: list[Completion] = []
+        firsts: list = []
+        clocks: list[tuple[float, float]] = []
+        for req in wl:
+            done += cluster.advance_to(req.arrival_s)
+            taken = cluster.take_first_tokens() if record else []
+            clocks += [(f.at_s, cluster.now_s) for f in taken]
+            firsts += taken
+            cluster.route(req, choose(req, cluster.candidate_rows(req)))
+        done += cluster.drain()
+        firsts += cluster.take_first_tokens() if record else []
+        return done, firsts, clocks
+
+    plain, none, _ = run(False)
+    done, firsts, clocks = run(True)
+    assert none == []
+    assert [(c.request.request_id, c.ttft_ms, c.tpot_ms, c.finished_s) for c in done] == [
+        (c.request.request_id, c.ttft_ms, c.tpot_ms, c.finished_s) for c in plain
+    ]
+    assert sum(c.preemptions for c in done) > 0  # the once-only rule was exercised
+    by_id = {f.request.request_id: f for f in firsts}
+    assert len(by_id) == len(firsts) == len(done) == 500
+    for c in done:
+        f = by_id[c.request.request_id]
+        assert (f.ttft_ms, f.routed_at_s, f.pod, f.features) == (c.ttft_ms, c.routed_at_s, c.pod, c.features)
+        assert c.routed_at_s < f.at_s <= c.finished_s
+    assert all(at <= now for at, now in clocks)

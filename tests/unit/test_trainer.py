@@ -130,6 +130,18 @@ def test_zero_targets_are_skipped_and_the_other_model_is_kept(tmp_path: Path) ->
     assert manifest.metrics["tpot"]["from_version"] == prior_version
     assert manifest.training_samples["tpot"] == 0
     assert store.load().files["tpot"] == store.load(prior_version).files["tpot"]
+    assert manifest.kind == "trained"
+    assert (manifest.model_kind("ttft"), manifest.model_kind("tpot")) == ("trained", "prior")
+    # A second retrain still without TPOT samples carries the prior's TPOT from a trained
+    # version: it stays the prior's (a client must not read it as trained trees).
+    more = synthetic.samples(3000, np.random.default_rng(4))
+    more["actual_tpot_ms"] = np.zeros(3000)
+    window.insert(more, np.full(3000, time.time()))
+    again = Trainer(store, _settings(tmp_path)).run(window.snapshot(), time.time())
+    assert again.outcome == "published" and again.models["ttft"]["accepted"]
+    latest = store.load().manifest
+    assert latest.version != manifest.version and latest.metrics["tpot"]["source"] == "prior"
+    assert latest.model_kind("tpot") == "prior" and latest.model_kind("ttft") == "trained"
 
 
 def test_too_few_samples_is_a_skip_not_a_publish(tmp_path: Path) -> None:
