@@ -122,6 +122,13 @@ class TrainingSettings(ServiceSettings):
     recency_half_life_s: float = Field(
         default=0.0, ge=0, description="If > 0, weight training samples by 0.5 ** (age / half-life)."
     )
+    calibration_half_life_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="Half-life of a calibration sample's weight in a retrain's conformal offset "
+        "(weighted conformal: 0.5 ** (age / half-life)), so the offset follows the newest "
+        "residuals; 0 weighs the calibration split equally.",
+    )
     training_threads: int = Field(default=1, ge=1, le=64, description="XGBoost threads used by a retrain.")
     trainer_nice: int = Field(
         default=10,

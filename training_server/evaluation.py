@@ -49,11 +49,21 @@ def pinball_loss(actual: np.ndarray, predicted: np.ndarray, quantile: float) -> 
     return np.maximum(quantile * diff, (quantile - 1.0) * diff)
 
 
-def conformal_offset(residuals: np.ndarray, quantile: float) -> float:
-    """Smallest additive margin offset that covers a ``quantile`` share of calibration residuals."""
+def conformal_offset(residuals: np.ndarray, quantile: float, weights: np.ndarray | None = None) -> float:
+    """Smallest additive margin offset that covers a ``quantile`` share of calibration residuals.
+
+    With ``weights`` (> 0, one per residual), the share is weighted, with weight 1 for the point
+    being predicted (the newest): weighted conformal prediction (Barber, Candes, Ramdas and
+    Tibshirani 2023), which keeps its coverage guarantee up to the weighted drift when the stream
+    is not exchangeable; recency weights let the offset follow the newest residuals.
+    """
     n = len(residuals)
     if n == 0:
         return 0.0
+    if weights is not None:
+        order = np.argsort(residuals, kind="stable")
+        share = np.cumsum(weights[order]) / (float(np.sum(weights)) + 1.0)
+        return float(residuals[order[min(int(np.searchsorted(share, quantile)), n - 1)]])
     k = min(n, math.ceil((n + 1) * quantile))
     return float(np.partition(residuals, k - 1)[k - 1])
 

@@ -11,7 +11,9 @@ on the training part (``baseline_fit``: a quantile regression with non-negative 
 queued and in-flight work), then a quantile (or mean) XGBoost model on log1p(latency) with the
 baseline's log1p as ``base_margin``, so the trees learn the log-ratio around a latency that keeps
 growing with the work beyond the trained range (``monotone_constraints`` where physics says so).
-It is calibrated with a conformal offset on the calibration part and scored on the held-out part,
+It is calibrated with a conformal offset on the calibration part, each sample weighted by its
+recency (``calibration_half_life_s``: the spread-out runs sample every regime, the weights keep
+the offset on the newest residuals after the pool changed), and scored on the held-out part,
 always through ``shared.artifacts.served_latency_ms``, as serving computes it. The current
 published version is scored on the same held-out samples, and the guard
 (``evaluation.compare_paired``) refuses the candidate only when it is worse with confidence. A
@@ -226,7 +228,11 @@ class Trainer:
         margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
         cal_base = base_margin(features[cal], spec)
         if s.objective == "quantile":
-            offset = evaluation.conformal_offset(target[cal] - cal_base - margin_cal, s.quantile)
+            cal_weight = None
+            if s.calibration_half_life_s > 0:
+                cal_age = np.maximum(now_s - snap.column("timestamp")[cal], 0.0)
+                cal_weight = 0.5 ** (cal_age / s.calibration_half_life_s)
+            offset = evaluation.conformal_offset(target[cal] - cal_base - margin_cal, s.quantile, cal_weight)
         else:
             offset = evaluation.mean_offset(target[cal], cal_base + margin_cal)
         spec = ModelSpec(file="", sha256="", size_bytes=0, calibration_offset=offset, baseline=baseline)

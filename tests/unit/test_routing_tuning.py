@@ -33,6 +33,7 @@ def test_the_shipped_setting_stays_unless_another_beats_it_by_more_than_the_marg
 
 def test_the_verdict_says_when_the_admission_target_is_beyond_100_percent() -> None:
     """+5 points over a heuristic at 95.5 % would need 100.5 %: the verdict says so, and only there."""
+
     def run(scenario: str, policy: str, met: int) -> RunResult:
         ms = {"p50": 100.0, "p90": 200.0, "p99": 300.0}
         return RunResult(scenario, policy, 1000, 1000, 0, met, ms, ms, 1.0, 1.0)

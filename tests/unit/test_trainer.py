@@ -251,3 +251,36 @@ def test_quantile_leaves_hold_enough_samples_beyond_their_quantile(tmp_path: Pat
     assert Trainer(ModelStore(tmp_path), _settings(tmp_path)).params()["min_child_weight"] == 50  # p90
     assert min_leaf_samples("quantile", 0.5) == 10 and min_leaf_samples("quantile", 0.99) == 500
     assert min_leaf_samples("mean", 0.9) == 5
+
+
+def test_weighted_conformal_offset_is_the_plain_one_with_equal_weights_and_follows_heavy_ones() -> None:
+    rng = np.random.default_rng(11)
+    residuals = rng.normal(size=999)
+    assert conformal_offset(residuals, 0.9, np.ones(999)) == conformal_offset(residuals, 0.9)
+    # old residuals around 0, the newest 200 around 1: recency weights take the newest's quantile
+    shifted = np.concatenate([rng.normal(0.0, 0.1, 950), rng.normal(1.0, 0.1, 50)])
+    weights = np.concatenate([np.full(950, 1e-3), np.ones(50)])
+    assert conformal_offset(shifted, 0.9) < 0.5 < 1.0 < conformal_offset(shifted, 0.9, weights) < 1.3
+
+
+def test_the_calibration_half_life_covers_a_pool_that_just_slowed_down(tmp_path: Path) -> None:
+    """The window holds 20 minutes of a fast pool and then 10 minutes of a 1.6x slower one; the
+    trees learn the mixture (no feature tells the two apart). Weighted by recency, the conformal
+    offset covers the slow pool's requests; weighed equally, most of the window says "fast"."""
+    now = time.time()
+    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
+    old = synthetic.samples(8000, np.random.default_rng(21))
+    window.insert(old, now - 1800 + np.linspace(0, 1200, 8000))
+    new = synthetic.samples(4000, np.random.default_rng(22))
+    for target in ("actual_ttft_ms", "actual_tpot_ms"):
+        new[target] = new[target] * 1.6
+    window.insert(new, now - 600 + np.linspace(0, 590, 4000))
+    fresh = synthetic.samples(5000, np.random.default_rng(23))
+    coverage = {}
+    for half_life in (0.0, 120.0):
+        settings = _settings(tmp_path / str(half_life), calibration_half_life_s=half_life)
+        store = ModelStore(settings.store_dir)
+        assert Trainer(store, settings).run(window.snapshot(), now).outcome == "published"
+        predicted = _predict(store.load(), "ttft", fresh)
+        coverage[half_life] = float(np.mean(fresh["actual_ttft_ms"] * 1.6 <= predicted))
+    assert coverage[0.0] < 0.8 and coverage[120.0] >= 0.85, coverage
