@@ -1,10 +1,12 @@
 """Recently accepted ``Idempotency-Key`` values, so a resent batch is acknowledged, not re-inserted.
 
 A sender (the coalescer's relay) puts one key on each batch and resends with the same key after
-a timeout. The first request to commit a key inserts its samples; any later request with that
-key answers the same 202 and inserts nothing. Keys are kept for ``ttl_s`` (default 10 minutes)
-and at most ``max_keys`` (default 100,000), oldest dropped first. They survive a ``kill -9``:
-each key is in the journal record of its batch and in the window snapshot.
+a timeout. The first request to claim a key (before it reads its body) inserts its samples; any
+other request with that key, also one that arrives while the first is still uploading or
+journalling, waits for it and answers the same 202, inserting nothing. Keys are kept for
+``ttl_s`` (default 10 minutes) and at most ``max_keys`` (default 100,000), oldest dropped first.
+They survive a ``kill -9``: each key is in the journal record of its batch and in the window
+snapshot.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 MAX_KEY_LENGTH = 200
 Outcome = tuple[int, int]
+Claim = asyncio.Future[Outcome]  # held by the one request committing a key; settled with its outcome
 
 
 class RecentKeys:
@@ -39,15 +42,15 @@ class RecentKeys:
             return None
         return entry[1]
 
-    def inflight(self, key: str) -> asyncio.Future[Outcome] | None:
+    def inflight(self, key: str) -> Claim | None:
         return self._inflight.get(key)
 
-    def begin(self, key: str) -> asyncio.Future[Outcome]:
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+    def begin(self, key: str) -> Claim:
+        future: Claim = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
         return future
 
-    def end(self, key: str, future: asyncio.Future[Outcome]) -> None:
+    def end(self, key: str, future: Claim) -> None:
         if self._inflight.get(key) is future:
             del self._inflight[key]
         if not future.done():

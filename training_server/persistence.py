@@ -23,7 +23,7 @@ from shared.errors import Overloaded
 from shared.logging import log_event
 from shared.schemas import ROW_FIELD_NAMES, Columns
 from training_server.config import TrainingSettings
-from training_server.idempotency import Outcome, RecentKeys
+from training_server.idempotency import Claim, Outcome, RecentKeys
 from training_server.intake import Intake
 from training_server.journal import FLUSH, SAMPLES, Journal, JournalRecord
 from training_server.metrics import TrainingMetrics
@@ -111,48 +111,60 @@ class Persistence:
         self.metrics.journal_replayed.inc(len(data))
 
     # ---- ingestion -------------------------------------------------------------------------
-    def known(self, key: str) -> Outcome | None:
-        """(acknowledged, stale) of an already accepted ``Idempotency-Key``, else ``None``."""
-        return self.keys.get(key, time.time())
+    async def claim(self, key: str) -> tuple[Outcome | None, Claim | None]:
+        """Before a keyed request reads its body: ``(outcome, None)`` if a batch with ``key`` was
+        already accepted (or is accepted meanwhile by the request committing it), else
+        ``(None, claim)``: this request now owns the key until ``release``, so a resend that
+        arrives while it still reads, parses or journals its batch waits for it instead of
+        inserting the samples a second time. A claim whose request fails is released unsettled,
+        and one waiting resend claims the key afresh."""
+        while True:
+            known = self.keys.get(key, time.time())
+            if known is not None:
+                return known, None
+            future = self.keys.inflight(key)
+            if future is None:
+                return None, self.keys.begin(key)
+            try:
+                return await asyncio.shield(future), None
+            except asyncio.CancelledError:
+                if not future.cancelled():  # this request itself was cancelled
+                    raise
 
-    async def wait_inflight(self, key: str) -> Outcome | None:
-        """If a request with ``key`` is being committed, its outcome (``None`` if it failed)."""
-        future = self.keys.inflight(key)
-        if future is None:
-            return None
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            if future.cancelled():  # that request failed: this one is committed afresh
-                return None
-            raise
+    def release(self, key: str, claim: Claim) -> None:
+        """End a claim (settled by ``commit`` or not: then the key is free again)."""
+        self.keys.end(key, claim)
 
     async def commit(
-        self, columns: Columns, timestamps: np.ndarray, key: str | None, outcome: Outcome, now_s: float
+        self,
+        columns: Columns,
+        timestamps: np.ndarray,
+        key: str | None,
+        outcome: Outcome,
+        now_s: float,
+        claim: Claim | None = None,
     ) -> None:
         """Journal a validated batch (durable when this returns); it then reaches the window.
-        ``outcome`` = (entries acknowledged, of which stale and not in ``columns``)."""
+        ``outcome`` = (entries acknowledged, of which stale and not in ``columns``); a keyed batch
+        is committed under the ``claim`` its request holds (``claim``), which it settles."""
         n = len(timestamps)
         if n == 0 and not key:
             return
-        token = self.keys.begin(key) if key else None
+        if key and claim is None:
+            raise ValueError("a keyed batch is committed under its claim")
+        if n:
+            self.intake.reserve(n)
+        data = np.column_stack([*(columns[name] for name in _SAMPLE_FIELDS), timestamps])
+        record = JournalRecord(SAMPLES, data, key or "", outcome[0], now_s)
         try:
+            await asyncio.wrap_future(self.journal.append(record))
+        except Exception as exc:
             if n:
-                self.intake.reserve(n)
-            data = np.column_stack([*(columns[name] for name in _SAMPLE_FIELDS), timestamps])
-            record = JournalRecord(SAMPLES, data, key or "", outcome[0], now_s)
-            try:
-                await asyncio.wrap_future(self.journal.append(record))
-            except Exception as exc:
-                if n:
-                    self.intake.release(n)
-                raise Overloaded(f"The journal could not be written: {exc}", retry_after_s=1.0) from exc
-            if key and token is not None:
-                self.keys.add(key, now_s, outcome)
-                token.set_result(outcome)
-        finally:
-            if key and token is not None:
-                self.keys.end(key, token)
+                self.intake.release(n)
+            raise Overloaded(f"The journal could not be written: {exc}", retry_after_s=1.0) from exc
+        if key and claim is not None:
+            self.keys.add(key, now_s, outcome)
+            claim.set_result(outcome)
 
     def _on_durable(self, record: JournalRecord) -> None:
         """Journal-writer thread, in lsn order."""

@@ -170,6 +170,7 @@ class TrainingService:
         inserts nothing (a resend after a timeout)."""
         started = time.perf_counter()
         entries: list[Any] | None = None
+        claim = None
         try:
             authorize()
             if idempotency_key is not None:
@@ -177,10 +178,12 @@ class TrainingService:
                     msg = f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable characters"
                     raise InvalidInput([{"type": "value_error", "loc": ["header", "Idempotency-Key"],
                                          "msg": msg, "input": idempotency_key[:MAX_KEY_LENGTH]}])  # fmt: skip
-                known = self.persistence.known(idempotency_key)
-                if known is None:
-                    known = await self.persistence.wait_inflight(idempotency_key)
+                # Claimed before the body is read: a resend arriving meanwhile waits for this one.
+                known, claim = await self.persistence.claim(idempotency_key)
                 if known is not None:
+                    # Read (and drop) the body all the same: a sender that closes its connection
+                    # after the request must not have it reset under unread bytes.
+                    await read_body()
                     self.metrics.duplicates.inc()
                     return known
             if self._ingesting >= self.settings.max_concurrent_ingest_requests:
@@ -195,12 +198,15 @@ class TrainingService:
             columns, timestamps = parse_training_entries(entries, now_s=now_s)
             columns, timestamps = self._keep_fresh(columns, timestamps, now_s)
             outcome = (len(entries), len(entries) - len(timestamps))
-            await self.persistence.commit(columns, timestamps, idempotency_key, outcome, now_s)
+            await self.persistence.commit(columns, timestamps, idempotency_key, outcome, now_s, claim)
             if self.live is not None and len(timestamps):
                 self.live.submit(columns, timestamps)  # scored off the loop; skipped when behind
         except ServiceError as exc:
             self.metrics.reject(exc.reason, len(entries) if entries is not None else 0)
             raise
+        finally:
+            if claim is not None and idempotency_key is not None:
+                self.persistence.release(idempotency_key, claim)
         n = len(entries)
         self.metrics.samples_accepted.inc(n)
         self.metrics.ingest_rows.observe(n)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,50 @@ def test_a_resent_idempotency_key_is_not_inserted_twice_even_across_sigkill(tmp_
         == 202
     )
     assert sorted(_window_ids(third, data_dir).tolist()) == [*range(1, 1001), *range(5001, 5501)]
+
+
+def test_a_resend_that_arrives_while_the_first_attempt_is_still_uploading_is_inserted_once(
+    tmp_path: Path,
+) -> None:
+    """The relay's resend after a timeout can reach the server while the first attempt's body is
+    still arriving (a stalled server resumed with both in its socket). The first attempt claims its
+    key before it reads the body, so the resend waits for it and both get the same 202."""
+    data_dir, logs = tmp_path / "data", tmp_path / "logs"
+    service = _start(data_dir, logs)
+    body = _body(1, 1000)
+    head = (
+        f"POST /add_training_data_bulk HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Idempotency-Key: relay-batch-7\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+
+    def in_order() -> None:
+        # The server handles events in order: once a later request is answered, the bytes sent
+        # before it were read and their handlers run up to their next wait.
+        assert httpx.get(service.url + "/healthz").status_code == 200
+
+    first = socket.create_connection(("127.0.0.1", service.port), timeout=30)
+    resend = socket.create_connection(("127.0.0.1", service.port), timeout=30)
+    try:
+        first.sendall(head + body[: len(body) // 2])  # the first attempt, still uploading
+        in_order()
+        resend.sendall(head + body)  # the resend, complete
+        in_order()
+        first.sendall(body[len(body) // 2 :])
+        answers = [_read_all(first), _read_all(resend)]
+    finally:
+        first.close()
+        resend.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 202") and b"Accepted 1000 training samples." in answer, answer
+    assert "training_ingest_duplicate_batches_total 1.0" in httpx.get(service.url + "/metrics").text
+    assert sorted(_window_ids(service, data_dir).tolist()) == list(range(1, 1001))
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    answer = b""
+    while chunk := conn.recv(65536):
+        answer += chunk
+    return answer
 
 
 def test_a_flush_is_not_undone_by_a_replay(tmp_path: Path) -> None:
