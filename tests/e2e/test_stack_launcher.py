@@ -216,13 +216,16 @@ def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStac
     assert samples["rejected"] == samples["unsent"] == 0
     # It learnt: a model trained on the demo's samples replaced the prior and serves, and it
     # predicts better than the best constant would have, and routing on it beats round-robin.
+    # Two replicas pick up each version on their own, so the last call may come from one that
+    # skipped a version the other served (in order of first sight, the last seen can be older).
     versions = [v["version"] for v in summary["model_versions"]]
-    assert len(versions) >= 2 and summary["final_model_version"] == versions[-1] != versions[0]
+    final = summary["final_model_version"]
+    assert len(versions) >= 2 and final in versions[1:] and not final.endswith("-prior"), (final, versions)
     training = summary["training_server"]
     assert training["accepted_samples"] >= summary["completions"]
     # The training server's current version is the one served last or newer: a calibration version
     # (at most one a second) can go out between the demo's last prediction and its status read.
-    sequence = [int(v.split("-", 1)[0]) for v in (training["current_version"], versions[-1])]
+    sequence = [int(v.split("-", 1)[0]) for v in (training["current_version"], final)]
     assert sequence[0] >= sequence[1] and training["retrains"] >= 1
     recent = summary["ttft"]["recent"]
     assert recent["pinball"] < recent["constant_pinball"]
