@@ -36,6 +36,7 @@ import httpx
 import numpy as np
 import orjson
 
+from shared.artifacts import MODEL_NAMES
 from shared.schemas import Columns, parse_rows
 from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
 
@@ -75,7 +76,7 @@ class ReplayResult:
     actual_tpot_ms: list[float] = field(default_factory=list)
     versions: list[str] = field(default_factory=list)
     # per model: "prior" if the prior's trees answered (the version's other model may be trained)
-    kinds: dict[str, list[str]] = field(default_factory=lambda: {"ttft": [], "tpot": []})
+    kinds: dict[str, list[str]] = field(default_factory=lambda: {m: [] for m in MODEL_NAMES})
     routed_at_s: list[float] = field(default_factory=list)
     naive_ttft_ms: list[float] = field(default_factory=list)  # NaN: no baseline (or none fitted yet)
     naive_tpot_ms: list[float] = field(default_factory=list)
@@ -225,7 +226,7 @@ def answer_kinds(prediction: dict[str, Any]) -> dict[str, str]:
     server that predates them, the version's ``model_kind`` for both)."""
     kind = str(prediction.get("model_kind", ""))
     per_model = prediction.get("model_kinds") or {}
-    return {m: str(per_model.get(m, kind)) for m in ("ttft", "tpot")}
+    return {m: str(per_model.get(m, kind)) for m in MODEL_NAMES}
 
 
 def _post_samples(client: httpx.Client, url: str, entries: list[dict[str, Any]]) -> int:

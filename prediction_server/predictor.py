@@ -125,15 +125,7 @@ class Predictor:
         if not self.same_trees(manifest):
             raise ArtifactError(f"version {manifest.version} does not share the trees of {self.version}")
         loaded_at = datetime.now(UTC)
-        constants = {
-            **self.prediction_constants,
-            "objective_type": manifest.objective,
-            "quantile": float(manifest.quantile),
-            "last_model_load": loaded_at.isoformat(),
-            "model_version": manifest.version,
-            "model_kind": manifest.kind,
-            "model_kinds": {name: manifest.model_kind(name) for name in MODEL_NAMES},
-        }
+        constants = _constants(manifest, loaded_at)
         predictor = replace(self, manifest=manifest, loaded_at=loaded_at, prediction_constants=constants)
         predictor.self_test()
         return predictor
@@ -154,16 +146,7 @@ class Predictor:
             boosters, probe_matrix(), [f"{manifest.version}/{name}" for name in MODEL_NAMES]
         )
         loaded_at = datetime.now(UTC)
-        constants = {
-            "model_type": MODEL_TYPE,
-            "objective_type": manifest.objective,
-            "quantile": float(manifest.quantile),
-            "last_model_load": loaded_at.isoformat(),
-            "model_version": manifest.version,
-            "model_kind": manifest.kind,
-            "model_kinds": {name: manifest.model_kind(name) for name in MODEL_NAMES},
-        }
-        predictor = cls(manifest, forests, loaded_at, constants)
+        predictor = cls(manifest, forests, loaded_at, _constants(manifest, loaded_at))
         predictor.self_test()
         return predictor
 
@@ -208,3 +191,16 @@ def builtin_prior_model_set(quantile: float) -> ModelSet:
         xgboost_version=xgb.__version__,
     )
     return verify_model_set(manifest, models)
+
+
+def _constants(manifest: Manifest, loaded_at: datetime) -> dict[str, Any]:
+    """The fields every prediction of this version carries besides its latencies."""
+    return {
+        "model_type": MODEL_TYPE,
+        "objective_type": manifest.objective,
+        "quantile": float(manifest.quantile),
+        "last_model_load": loaded_at.isoformat(),
+        "model_version": manifest.version,
+        "model_kind": manifest.kind,
+        "model_kinds": {name: manifest.model_kind(name) for name in MODEL_NAMES},
+    }

@@ -200,10 +200,7 @@ class Trainer:
         is_cal = evaluation.calibration_mask(len(fit_rows), n_cal)
         train, cal = fit_rows[~is_cal], fit_rows[is_cal]
         target = to_margin_target(actual, "log1p")
-        weight = None
-        if s.recency_half_life_s > 0:
-            age_s = np.maximum(now_s - snap.column("timestamp")[train], 0.0)
-            weight = 0.5 ** (age_s / s.recency_half_life_s)
+        weight = _recency_weights(snap, train, now_s, s.recency_half_life_s)
         baseline = None
         if s.work_baseline:
             level = s.quantile if s.objective == "quantile" else 0.5
@@ -228,10 +225,7 @@ class Trainer:
         margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
         cal_base = base_margin(features[cal], spec)
         if s.objective == "quantile":
-            cal_weight = None
-            if s.calibration_half_life_s > 0:
-                cal_age = np.maximum(now_s - snap.column("timestamp")[cal], 0.0)
-                cal_weight = 0.5 ** (cal_age / s.calibration_half_life_s)
+            cal_weight = _recency_weights(snap, cal, now_s, s.calibration_half_life_s)
             offset = evaluation.conformal_offset(target[cal] - cal_base - margin_cal, s.quantile, cal_weight)
         else:
             offset = evaluation.mean_offset(target[cal], cal_base + margin_cal)
@@ -380,6 +374,16 @@ class Trainer:
             boosters[name] = booster
         self._current = _Current(model_set.manifest, model_set.files, boosters)
         return self._current
+
+
+def _recency_weights(
+    snap: WindowSnapshot, rows: np.ndarray, now_s: float, half_life_s: float
+) -> np.ndarray | None:
+    """0.5 ** (age / half-life) of each row's sample, or ``None`` (equal weights) without a half-life."""
+    if half_life_s <= 0:
+        return None
+    age_s = np.maximum(now_s - snap.column("timestamp")[rows], 0.0)
+    return np.asarray(0.5 ** (age_s / half_life_s))
 
 
 def min_leaf_samples(objective: str, quantile: float) -> int:
