@@ -9,7 +9,9 @@ Servers, each one process pinned with ``taskset -c 0``, ``OMP_NUM_THREADS=1``:
                  and answers a canned body of the same shape (no validation, features or trees);
   ours-TxD       python -m prediction_server serving a trained version of T trees of depth D per
                  model (200x6 is the llm-d predictor's size, 150x6 the training server's default),
-                 with a work-ahead baseline like the training server's versions.
+                 with a work-ahead baseline like the training server's versions;
+  base-TxD       with ``--baseline-code DIR``: the same for the first size, served by the code in
+                 DIR (another checkout), for a before/after in the same run.
 
 Capacity: for each (server, rows per call) the generator first offers a light load to measure the
 server's CPU per call, then offers fixed rates at fractions of the rate that CPU cost allows
@@ -127,18 +129,18 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, name: str, command: list[str], port: int, log: Path) -> None:
+    def __init__(self, name: str, command: list[str], port: int, log: Path, code: Path = REPO) -> None:
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 ["taskset", "-c", "0", sys.executable, *command],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=REPO,
+                cwd=code,
             )
         deadline = time.monotonic() + 120
         while True:
@@ -424,6 +426,11 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--max-in-flight", type=int, default=256)
     parser.add_argument("--json", type=Path, help="also write every step's figures here")
+    parser.add_argument(
+        "--baseline-code",
+        type=Path,
+        help="another checkout (e.g. from git worktree) serving the first size too, as base-TxD",
+    )
     args = parser.parse_args()
     args.fractions = [float(f) for f in args.fractions.split(",")]
     row_counts = [int(n) for n in args.rows.split(",")]
@@ -453,6 +460,15 @@ def main() -> None:
             )
             status = settled_status(servers[-1])
             print(f"ours-{size}: version {version}, evaluator {status['evaluator']}", flush=True)
+            if args.baseline_code and len(servers) == 2:
+                port = free_port()
+                command[command.index("--port") + 1] = str(port)
+                log = workdir / f"base-{size}.log"
+                servers.append(
+                    Server(f"base-{size}", [*command, "--log-level", "warning"], port, log, args.baseline_code)
+                )
+                status = settled_status(servers[-1])
+                print(f"base-{size}: {args.baseline_code}, evaluator {status['evaluator']}", flush=True)
         check_same_answers(servers[1:], make_rows(100, 99))
         requests = {}
         for rows in row_counts:

@@ -289,6 +289,11 @@ class WarmingForests:
     def name(self) -> str:
         return self._active.name
 
+    @property
+    def active(self) -> Forests:
+        """The evaluator serving now."""
+        return self._active
+
     def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]:
         return self._active.margins(features)
 

@@ -7,9 +7,16 @@ uint64: the order-preserving key of its threshold (``trees.order_keys``) in the 
 input column in the low ones. A row's inputs become keys once per call, twice per feature: column
 ``f`` holds NaN as the smallest key, column ``num_features + f`` as the largest, and a
 default-right split reads the second column. So a visit is two loads, one integer comparison and
-``node = 2 node + 1 + (key >= threshold_key)``: no branch, no NaN test. Rows are walked in blocks
-of ``_BLOCK``, tree by tree, all rows of a block one level at a time, so the rows' walks overlap
-in the CPU instead of waiting on each other's loads.
+``node = 2 node + 1 + (key >= threshold_key)``: no branch, no NaN test. Each run of ``GROUP``
+consecutive trees of a model is padded to the run's deepest tree and walked together by each
+row, so a row's walks through eight trees overlap in the CPU instead of waiting on each
+other's loads; rows go in blocks of ``BLOCK``, so a group's trees and a block's keys stay in the
+L1 cache (``jit_kernels``).
+
+``served_terms`` goes further for wire rows: it builds the feature matrix and adds the
+calibration offset, the work-ahead baseline and the regime offsets in the same compiled pass
+(``prediction_server.predictor.ServedPath`` uses it once it reproduced the reference bit for
+bit).
 
 Exactness: XGBoost sends a row left when ``x < threshold`` (right otherwise) and a missing value
 to the split's default side, and adds the leaf values in float32 in tree order onto base_score;
@@ -17,7 +24,7 @@ the kernel does exactly that, so margins are bit-identical to ``inplace_predict(
 (``evaluators.compile_forests`` checks them on the probe matrix before serving, and the unit tests
 over random, missing, extreme and on-threshold rows).
 
-The kernel is compiled on first use with ``cache=True``: numba keeps the machine code in
+The kernels (``jit_kernels``) are compiled on first use with ``cache=True``: numba keeps the machine code in
 ``__pycache__`` beside this file, or, where that is read-only, in its user-wide cache
 (``NUMBA_CACHE_DIR`` chooses the directory), so later processes load it instead of compiling.
 Even loaded from the cache it costs a process ~0.5-0.7 s (importing numba, initialising its
@@ -32,7 +39,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -40,87 +47,47 @@ from typing import Any
 import numpy as np
 import orjson
 
+from prediction_server.jit_layout import (
+    F_CALIBRATION,
+    F_INTERCEPT,
+    GROUP,
+    KEY_MAX,
+    MAX_FEATURES,
+    P_COEF_AT,
+    P_COLUMNS,
+    P_HAS_BASELINE,
+    P_HAS_REGIMES,
+    P_KV_AT,
+    P_KV_N,
+    P_OFFSETS_AT,
+    P_TERMS,
+    P_WAITING_AT,
+    P_WAITING_N,
+)
 from prediction_server.trees import order_keys, read_gbtree_model
-from shared.logging import log_event
+from shared.features import FEATURE_NAMES, NUM_FEATURES
+from shared.row_decoder import NUMERIC_FIELDS
 
 log = logging.getLogger(__name__)
 
 # Padding trees to perfect shape costs 2^depth nodes per tree: 12 KB at depth 10; deeper models
 # go to the numpy evaluator.
 MAX_DEPTH = 10
-_BLOCK = 32
-_KEY_MAX = 0xFFFFFFFF
-# Columns index [keys with NaN lowest | keys with NaN highest]: 2 * num_features < 2^16.
-_MAX_FEATURES = 0x7FFF
-
-
-def _kernel_source(X: Any, packed: Any, leaves: Any, trees: Any, base: Any, out: Any) -> None:
-    """``out[k, i]``: the margin of model ``k`` for row ``i`` (compiled by numba, see the module doc).
-
-    ``trees[t]`` is (depth, first node, first leaf, model) of tree ``t``; ``base[k]`` model ``k``'s
-    base_score. Plain Python as written (and slow as such): only its compiled form is used.
-    """
-    n, nf = X.shape
-    for k in range(base.shape[0]):
-        for i in range(n):
-            out[k, i] = base[k]
-    stride = 2 * nf
-    keys = np.empty(_BLOCK * stride, np.uint64)
-    nodes = np.empty(_BLOCK, np.uint64)
-    one = np.uint64(1)
-    column_mask = np.uint64(0xFFFF)
-    shift = np.uint64(32)
-    for start in range(0, n, _BLOCK):
-        m = min(n, start + _BLOCK) - start
-        for j in range(m):
-            for f in range(nf):
-                x = X[start + j, f]
-                if x != x:
-                    low = np.uint64(0)
-                    high = np.uint64(_KEY_MAX)
-                else:
-                    # trees.order_keys, inlined: +0.0 merges -0.0 into +0.0.
-                    bits = np.int64(np.float32(x + np.float32(0.0)).view(np.int32))
-                    if bits < 0:
-                        bits = bits ^ np.int64(0x7FFFFFFF)
-                    low = high = np.uint64(bits + np.int64(1 << 31))
-                keys[j * stride + f] = low
-                keys[j * stride + nf + f] = high
-        for t in range(trees.shape[0]):
-            depth = trees[t, 0]
-            first_node = np.uint64(trees[t, 1])
-            k = trees[t, 3]
-            for j in range(m):
-                nodes[j] = np.uint64(0)
-            for _ in range(depth):
-                for j in range(m):
-                    node = nodes[j]
-                    split = packed[first_node + node]
-                    key = keys[np.uint64(j * stride) + (split & column_mask)]
-                    nodes[j] = node + node + one + np.uint64(key >= (split >> shift))
-            first_leaf = trees[t, 2] - ((1 << depth) - 1)
-            for j in range(m):
-                out[k, start + j] += leaves[first_leaf + np.int64(nodes[j])]
 
 
 @cache
-def _kernel() -> Callable[..., None]:
-    """The compiled kernel; raises ``ImportError`` without numba."""
-    import numba
+def _kernels() -> Any:
+    """The compiled kernels (``prediction_server.jit_kernels``); raises ``ImportError`` without numba."""
+    from prediction_server import jit_kernels
 
-    try:
-        kernel = numba.njit(_kernel_source, cache=True, nogil=True, boundscheck=False, error_model="numpy")
-    except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        log_event(log, "jit_cache_unavailable", logging.WARNING, error=str(exc))
-        kernel = numba.njit(_kernel_source, cache=False, nogil=True, boundscheck=False, error_model="numpy")
-    return kernel
+    return jit_kernels
 
 
 @cache
 def jit_available() -> bool:
     """Whether numba imports here (the compiled evaluator can be used at all)."""
     try:
-        _kernel()
+        _kernels()
     except ImportError:
         return False
     return True
@@ -154,14 +121,19 @@ def warm_kernel() -> bool:
             return False
         # A call with the served argument types (numba tells read-only arrays apart) makes numba
         # load (or compile) that overload: rows as served (writable) and as probed (read-only).
+        kernels = _kernels()
         tables = (
             _frozen(np.zeros(1, dtype=np.uint64)),
             _frozen(np.zeros(1, dtype=np.float32)),
-            _frozen(np.zeros((0, 4), dtype=np.int64)),
+            _frozen(np.zeros((0, 5), dtype=np.int64)),
             _frozen(np.zeros(1, dtype=np.float32)),
         )
         for rows in (np.zeros((1, 1), dtype=np.float32), _frozen(np.zeros((1, 1), dtype=np.float32))):
-            _kernel()(rows, *tables, np.empty((1, 1), dtype=np.float32))
+            kernels.tree_margins(rows, *tables, np.empty((1, 1), dtype=np.float32))
+        plan_ints, plan_floats = served_plan([None])
+        outputs = [np.empty((1, 1)) for _ in range(3)]
+        X = np.empty((1, NUM_FEATURES), dtype=np.float32)
+        kernels.served_terms(np.zeros((1, 10)), np.zeros(1), *tables, plan_ints, plan_floats, X, *outputs)
         _warm.set()
     return True
 
@@ -176,7 +148,7 @@ class JitForests:
     max_depth: int
     _packed: np.ndarray = field(repr=False)
     _leaves: np.ndarray = field(repr=False)
-    _trees: np.ndarray = field(repr=False)
+    _groups: np.ndarray = field(repr=False)
     _base: np.ndarray = field(repr=False)
 
     name = "numba-jit"
@@ -190,45 +162,41 @@ class JitForests:
     def from_models(cls, models: Sequence[Any]) -> JitForests:
         splits: list[np.ndarray] = []
         leaves: list[np.ndarray] = []
-        rows: list[tuple[int, int, int, int]] = []
+        groups: list[tuple[int, int, int, int, int]] = []
         bases: list[np.float32] = []
         num_features = -1
-        node_offset = leaf_offset = 0
+        num_trees = max_depth = node_offset = leaf_offset = 0
         for k, model in enumerate(models):
             features, base_score, trees = read_gbtree_model(model)
             if num_features not in (-1, features):
                 raise ValueError(f"models disagree on the number of features ({num_features}, {features})")
             num_features = features
-            if not 0 < num_features <= _MAX_FEATURES:
+            if not 0 < num_features <= MAX_FEATURES:
                 raise ValueError(f"{num_features} features: too many to pack")
             if not trees:
                 raise ValueError("model has no trees")
             bases.append(base_score)
-            depths, tree_splits, tree_leaves = _perfect_trees(trees, num_features)
-            node_sizes, leaf_sizes = (1 << depths) - 1, 1 << depths
-            node_starts = node_offset + np.cumsum(node_sizes) - node_sizes
-            leaf_starts = leaf_offset + np.cumsum(leaf_sizes) - leaf_sizes
-            rows.extend(
-                zip(
-                    depths.tolist(), node_starts.tolist(), leaf_starts.tolist(), [k] * len(trees), strict=True
-                )
-            )
+            depths, tree_splits, tree_leaves = _grouped_trees(trees, num_features)
+            max_depth = max(max_depth, int(depths.max()))
+            for first in range(0, len(trees), GROUP):
+                depth, count = int(depths[first]), min(GROUP, len(trees) - first)
+                groups.append((depth, node_offset, leaf_offset, k, count))
+                node_offset += count * ((1 << depth) - 1)
+                leaf_offset += count << depth
+            num_trees += len(trees)
             splits.append(tree_splits)
             leaves.append(tree_leaves)
-            node_offset += tree_splits.size
-            leaf_offset += tree_leaves.size
-        if not rows:
+        if not groups:
             raise ValueError("no models")
-        table = np.asarray(rows, dtype=np.int64)
         return cls(
             num_features=num_features,
             num_models=len(bases),
-            num_trees=len(rows),
-            max_depth=int(table[:, 0].max()),
+            num_trees=num_trees,
+            max_depth=max_depth,
             # One spare entry so that the table is never empty (all trees stumps).
             _packed=_frozen(np.concatenate([*splits, np.zeros(1, dtype=np.uint64)])),
             _leaves=_frozen(np.concatenate(leaves)),
-            _trees=_frozen(table),
+            _groups=_frozen(np.asarray(groups, dtype=np.int64)),
             _base=_frozen(np.asarray(bases, dtype=np.float32)),
         )
 
@@ -238,18 +206,102 @@ class JitForests:
         if X.ndim != 2 or X.shape[1] != self.num_features:
             raise ValueError(f"expected rows of shape (n, {self.num_features}), got {X.shape}")
         out = np.empty((self.num_models, X.shape[0]), dtype=np.float32)
-        _kernel()(X, self._packed, self._leaves, self._trees, self._base, out)
+        _kernels().tree_margins(X, self._packed, self._leaves, self._groups, self._base, out)
         return out
 
     def margins(self, features: np.ndarray) -> tuple[np.ndarray, ...]:
         """One float32 margin array per model, in ``from_boosters``' order."""
         return tuple(self.predict_margins(features))
 
+    def served_terms(
+        self, numeric: np.ndarray, codes: np.ndarray, plan: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``jit_kernels.served_terms`` for wire rows (``numeric``: ``(n, 10)`` float64, the numeric
+        row fields in wire order; ``codes``: ``(n,)`` float64 pod-type codes) and a ``served_plan``:
+        the feature matrix and, per model, ``(num_models, n)`` float64 margins with the calibration
+        offset, baseline latencies and regime offsets."""
+        if self.num_features != NUM_FEATURES:
+            raise ValueError(f"served terms need the {NUM_FEATURES} features of shared.features")
+        if numeric.dtype != np.float64 or numeric.ndim != 2 or numeric.shape[1] != NUMERIC_FIELDS:
+            raise ValueError(f"expected numeric rows of shape (n, {NUMERIC_FIELDS}), got {numeric.shape}")
+        if not (numeric.flags.c_contiguous and numeric.flags.writeable):  # the compiled overload
+            numeric = numeric.copy()
+        codes = np.array(codes, dtype=np.float64)  # a writable copy, as compiled
+        n = numeric.shape[0]
+        X = np.empty((n, NUM_FEATURES), dtype=np.float32)
+        margins, baselines, regimes = (np.empty((self.num_models, n)) for _ in range(3))
+        _kernels().served_terms(
+            numeric,
+            codes,
+            self._packed,
+            self._leaves,
+            self._groups,
+            self._base,
+            *plan,
+            X,
+            margins,
+            baselines,
+            regimes,
+        )
+        return X, margins, baselines, regimes
 
-def _perfect_trees(trees: Sequence[Any], num_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+
+def served_plan(specs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``jit_kernels.served_terms``' plan (ints, float64s; read-only) of each model's
+    ``shared.artifacts.ModelSpec`` (``None``: no offset, baseline or regimes): its calibration
+    offset, baseline terms and regime scheme with offsets."""
+    int_rows: list[list[int]] = []
+    float_rows: list[list[float]] = []
+    for spec in specs:
+        ints = [0] * P_COLUMNS
+        floats = [0.0, 0.0]
+        if spec is not None:
+            floats[F_CALIBRATION] = float(spec.calibration_offset)
+            if spec.baseline is not None:
+                names = list(spec.baseline["features"])
+                ints[P_HAS_BASELINE], ints[P_TERMS], ints[P_COEF_AT] = 1, len(names), len(floats)
+                floats[F_INTERCEPT] = float(spec.baseline["intercept"])
+                floats.extend(float(c) for c in spec.baseline["coefficients"])
+                ints.extend(FEATURE_NAMES.index(name) for name in names)
+            offsets = spec.regime_offsets
+            if offsets is not None:
+                scheme = offsets.scheme
+                ints[P_HAS_REGIMES] = 1
+                ints[P_WAITING_AT], ints[P_WAITING_N] = len(floats), len(scheme.waiting_edges)
+                floats.extend(float(e) for e in scheme.waiting_edges)
+                ints[P_KV_AT], ints[P_KV_N] = len(floats), len(scheme.kv_edges)
+                floats.extend(float(e) for e in scheme.kv_edges)
+                ints[P_OFFSETS_AT] = len(floats)
+                floats.extend(float(o) for o in offsets.offsets)
+        int_rows.append(ints)
+        float_rows.append(floats)
+    width_i = max(map(len, int_rows))
+    width_f = max(map(len, float_rows))
+    plan_ints = np.zeros((len(specs), width_i), dtype=np.int64)
+    plan_floats = np.zeros((len(specs), width_f), dtype=np.float64)
+    for k, (ints, floats) in enumerate(zip(int_rows, float_rows, strict=True)):
+        plan_ints[k, : len(ints)] = ints
+        plan_floats[k, : len(floats)] = floats
+    return _frozen(plan_ints), _frozen(plan_floats)
+
+
+def _grouped_trees(trees: Sequence[Any], num_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_perfect_trees`` with each run of ``GROUP`` trees padded to the run's deepest tree."""
+    depths, splits, leaves = _perfect_trees(trees, num_features)
+    padded = depths.copy()
+    for first in range(0, len(trees), GROUP):
+        padded[first : first + GROUP] = depths[first : first + GROUP].max()
+    if np.array_equal(padded, depths):
+        return depths, splits, leaves
+    return _perfect_trees(trees, num_features, padded)
+
+
+def _perfect_trees(
+    trees: Sequence[Any], num_features: int, min_depths: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(depths, packed splits, leaf values)`` of one model's XGBoost JSON trees laid out as perfect
-    trees of their own depth, one after the other (``2^depth - 1`` splits and ``2^depth`` leaves
-    each), built level by level for all trees at once."""
+    trees of their own depth (at least ``min_depths``), one after the other (``2^depth - 1`` splits
+    and ``2^depth`` leaves each), built level by level for all trees at once."""
     sizes = []
     for tree in trees:
         if int(tree.get("tree_param", {}).get("size_leaf_vector", "1")) > 1:
@@ -283,7 +335,7 @@ def _perfect_trees(trees: Sequence[Any], num_features: int) -> tuple[np.ndarray,
     left, right = local_left + base, local_right + base  # global node ids
     column_of = split_index + np.where(default_left, 0, num_features)
     split_of = (order_keys(conditions).astype(np.uint64) << np.uint64(32)) | column_of.astype(np.uint64)
-    padding = np.uint64(_KEY_MAX << 32)
+    padding = np.uint64(KEY_MAX << 32)
 
     depths = np.zeros(len(trees), dtype=np.int64)
     level_splits: list[tuple[np.ndarray, int, np.ndarray]] = []  # (trees, level, splits)
@@ -293,6 +345,8 @@ def _perfect_trees(trees: Sequence[Any], num_features: int) -> tuple[np.ndarray,
     for level in range(MAX_DEPTH + 1):
         split = internal[current]
         going_on = split.any(axis=1)
+        if min_depths is not None:
+            going_on |= min_depths[active] > level
         for t, nodes in zip(active[~going_on].tolist(), current[~going_on], strict=True):
             depths[t] = level
             bottom[t] = nodes

@@ -2,9 +2,11 @@
 
 ``POST /predict/bulk/strict``, ``/predict/bulk`` and ``/predict`` are dispatched by the app before
 Starlette's middleware stack and router (``shared.http.FastPathApp``), read the body from ASGI
-messages within the byte limit, and answer bytes from ``prediction_server.responses``: orjson in,
-the shared validation into numpy columns, the shared feature function, one pass over both models'
-trees, prebuilt bytes out. No pydantic model, dict or other Python object is built per row.
+messages within the byte limit, and answer bytes from ``prediction_server.responses``: msgspec
+decodes a valid body straight into a row matrix (``shared.row_decoder``; anything else takes
+orjson and the shared validation, which accepts it or writes the 422), one compiled pass builds
+the features and evaluates both models (``Predictor.predict_rows``), prebuilt bytes out. No
+pydantic model or dict is built per row.
 Errors become responses in ``shared.http.error_response``, with the same statuses, headers and
 bodies as every other route's (the rejection counter included).
 
@@ -25,8 +27,8 @@ from prediction_server.predictor import Predictor
 from prediction_server.responses import bulk_body, prediction_items
 from prediction_server.store_watcher import StoreWatcher
 from shared.errors import InvalidInput, ModelsNotReady
-from shared.features import build_features
 from shared.http import ASGIApp, check_declared_size, error_response, receive_body
+from shared.row_decoder import decode_bulk, decode_row, from_columns
 from shared.schemas import (
     MAX_BULK_ROWS,
     loads,
@@ -87,32 +89,42 @@ class PredictionEndpoints:
         return app
 
     async def _bulk_strict(self, predictor: Predictor, raw: bytes, started: float) -> tuple[bytes, int]:
-        rows = _rows(raw)
-        ttft, tpot = predictor.predict(build_features(parse_rows(rows)))
+        rows = decode_bulk(raw)
+        if rows is None:  # unusual or invalid: the general path accepts it or writes the 422
+            rows = from_columns(parse_rows(_rows(raw)))
+        ttft, tpot = predictor.predict_rows(rows)
         items = prediction_items(predictor.encoded_constants, ttft, tpot)
-        return bulk_body(items, len(rows), predictor.version, started), len(rows)
+        return bulk_body(items, len(ttft), predictor.version, started), len(ttft)
 
     async def _bulk(self, predictor: Predictor, raw: bytes, started: float) -> tuple[bytes, int]:
         """Every row valid: predictions, ``null`` (with an error item) for a row that was valid but
         could not be predicted (a non-finite model output). Any invalid row: the whole-body 422
         of ``parse_rows``, naming every bad row and field (as the llm-d predictor does)."""
-        rows = _rows(raw)
-        columns = valid_columns(rows)
-        if columns is None:  # invalid: the full 422, explained off the event loop when large
-            columns = await parse_all_rows(rows)
-        ttft, tpot = predictor.predict(build_features(columns))
+        rows = decode_bulk(raw)
+        if rows is None:
+            requests = _rows(raw)
+            columns = valid_columns(requests)
+            if columns is None:  # invalid: the full 422, explained off the event loop when large
+                columns = await parse_all_rows(requests)
+            rows = from_columns(columns)
+        ttft, tpot = predictor.predict_rows(rows)
         unpredictable = np.flatnonzero(~(np.isfinite(ttft) & np.isfinite(tpot))).tolist()
-        errors = [
-            {"index": index, "error": "the model gave no finite prediction", "request": rows[index]}
-            for index in unpredictable
-        ]
-        if errors:
+        errors = []
+        if unpredictable:
+            requests = loads(raw)["requests"]
+            errors = [
+                {"index": index, "error": "the model gave no finite prediction", "request": requests[index]}
+                for index in unpredictable
+            ]
             self.metrics.item_errors.inc(len(errors))
         items = prediction_items(predictor.encoded_constants, ttft, tpot, unpredictable)
-        return bulk_body(items, len(rows), predictor.version, started, errors), len(rows) - len(errors)
+        return bulk_body(items, len(ttft), predictor.version, started, errors), len(ttft) - len(errors)
 
     async def _single(self, predictor: Predictor, raw: bytes, started: float) -> tuple[bytes, int]:
-        ttft, tpot = predictor.predict(build_features(parse_row(loads(raw))))
+        rows = decode_row(raw)
+        if rows is None:
+            rows = from_columns(parse_row(loads(raw)))
+        ttft, tpot = predictor.predict_rows(rows)
         return prediction_items(predictor.encoded_constants, ttft, tpot), 1
 
 

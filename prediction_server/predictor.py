@@ -12,6 +12,9 @@ How the trees are evaluated is ``prediction_server.evaluators``' business.
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cache, cached_property
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from prediction_server.evaluators import Forests, compile_forests, load_booster
+from prediction_server.jit_forest import JitForests, served_plan
 from prediction_server.responses import encode_constants
 from shared.artifacts import (
     MODEL_NAMES,
@@ -34,8 +38,12 @@ from shared.artifacts import (
 from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.identity import MODEL_TYPE
+from shared.logging import log_event
 from shared.prior import build_prior_models, synthetic_columns
+from shared.row_decoder import RowMatrix, from_columns, to_columns
 from shared.xgboost_import import import_xgboost
+
+log = logging.getLogger(__name__)
 
 BUILTIN_PRIOR_VERSION = "builtin-prior"
 PROBE_SEED = 7
@@ -47,8 +55,8 @@ class SelfTestFailed(ArtifactError):
 
 
 @cache
-def probe_matrix() -> np.ndarray:
-    """A fixed feature matrix covering the input ranges, plus all-zero and large-value rows."""
+def probe_rows() -> RowMatrix:
+    """Fixed rows covering the input ranges, plus all-zero and large-value rows."""
     columns = synthetic_columns(PROBE_ROWS, np.random.default_rng(PROBE_SEED))
     columns["encoder_input_size"][:8] = 4096.0
     columns["encoder_matched_size"][:4] = 1024.0
@@ -56,7 +64,13 @@ def probe_matrix() -> np.ndarray:
         column[-2] = 0.0
         column[-1] = 1.0 if name in ("kv_cache_percentage", "prefix_cache_score") else 1e6
     columns["pod_type"][-1] = 2.0
-    matrix = build_features(columns)
+    return from_columns(columns)
+
+
+@cache
+def probe_matrix() -> np.ndarray:
+    """The feature matrix of ``probe_rows``: what every version must answer before it serves."""
+    matrix = build_features(to_columns(probe_rows()))
     matrix.setflags(write=False)
     return matrix
 
@@ -71,6 +85,8 @@ class Predictor:
     loaded_at: datetime
     # The fields every prediction of this version shares, built once.
     prediction_constants: dict[str, Any] = field(repr=False)
+    # The JIT's served kernel for this version, once checked (``predict_rows``).
+    served: ServedPath = field(repr=False)
 
     @property
     def version(self) -> str:
@@ -110,6 +126,14 @@ class Predictor:
         tpot = served_latency_ms(tpot_margin, features, specs["tpot"])
         return ttft, tpot
 
+    def predict_rows(self, rows: RowMatrix) -> tuple[np.ndarray, np.ndarray]:
+        """``predict(build_features(rows))``, bit for bit: through the JIT's served kernel once it
+        reproduced that on the probe rows, else exactly so."""
+        answer = self.served.predict(self.forests, rows)
+        if answer is not None:
+            return answer
+        return self.predict(build_features(to_columns(rows)))
+
     def same_trees(self, manifest: Manifest) -> bool:
         """Whether ``manifest``'s model files are byte-identical (by SHA-256) to this version's."""
         mine = self.manifest.models
@@ -126,7 +150,13 @@ class Predictor:
             raise ArtifactError(f"version {manifest.version} does not share the trees of {self.version}")
         loaded_at = datetime.now(UTC)
         constants = _constants(manifest, loaded_at)
-        predictor = replace(self, manifest=manifest, loaded_at=loaded_at, prediction_constants=constants)
+        predictor = replace(
+            self,
+            manifest=manifest,
+            loaded_at=loaded_at,
+            prediction_constants=constants,
+            served=ServedPath(manifest),
+        )
         predictor.self_test()
         return predictor
 
@@ -146,7 +176,7 @@ class Predictor:
             boosters, probe_matrix(), [f"{manifest.version}/{name}" for name in MODEL_NAMES]
         )
         loaded_at = datetime.now(UTC)
-        predictor = cls(manifest, forests, loaded_at, _constants(manifest, loaded_at))
+        predictor = cls(manifest, forests, loaded_at, _constants(manifest, loaded_at), ServedPath(manifest))
         predictor.self_test()
         return predictor
 
@@ -204,3 +234,95 @@ def _constants(manifest: Manifest, loaded_at: datetime) -> dict[str, Any]:
         "model_kind": manifest.kind,
         "model_kinds": {name: manifest.model_kind(name) for name in MODEL_NAMES},
     }
+
+
+class ServedPath:
+    """One version's served values through the JIT's fused kernel (``JitForests.served_terms``:
+    features, trees, calibration, baseline and regime offsets in one compiled pass), finished
+    with numpy's ``log1p``/``expm1`` exactly as ``shared.artifacts.served_latency_ms`` does.
+
+    Used only after it reproduced ``Predictor.predict`` bit for bit on the probe rows with the
+    evaluator then serving (checked once per evaluator: a first version switches to the JIT
+    while it serves); otherwise ``predict`` answers. Models with the same served form are
+    finished together, one numpy call per step for both.
+    """
+
+    def __init__(self, manifest: Manifest) -> None:
+        self._specs = [manifest.models[name] for name in MODEL_NAMES]
+        self._plan = served_plan(self._specs)
+        self._runs = _same_form_runs(self._specs)
+        self._checked: tuple[Any, bool] | None = None  # (evaluator, reproduces)
+        self._lock = threading.Lock()
+
+    @property
+    def reproduced(self) -> bool:
+        """Whether the kernel reproduced the reference with the evaluator it was last checked with."""
+        return self._checked is not None and self._checked[1]
+
+    def predict(self, forests: Forests, rows: RowMatrix) -> tuple[np.ndarray, np.ndarray] | None:
+        """Both models' served latencies for ``rows``, or ``None`` if this path cannot serve them."""
+        evaluator: Any = getattr(forests, "active", forests)
+        checked = self._checked
+        if checked is None or checked[0] is not evaluator:
+            checked = self._check(forests, evaluator)
+        if not checked[1]:
+            return None
+        return self._finish(evaluator.served_terms(rows.numeric, rows.codes, self._plan)[1:])
+
+    def _check(self, forests: Forests, evaluator: Any) -> tuple[Any, bool]:
+        with self._lock:
+            ok = False
+            if isinstance(evaluator, JitForests):
+                try:
+                    X, *terms = evaluator.served_terms(*probe_rows(), self._plan)
+                    got = self._finish(terms)
+                except ValueError:
+                    got = None
+                with np.errstate(all="ignore"):
+                    expected = _served_values(forests, probe_matrix(), self._specs)
+                ok = got is not None and np.array_equal(X, probe_matrix()) and _same_bits(got, expected)
+                if not ok:
+                    log_event(log, "served_kernel_mismatch", logging.WARNING, evaluator=evaluator.name)
+            self._checked = (evaluator, ok)
+            return self._checked
+
+    def _finish(self, terms: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        margins, baselines, regimes = terms
+        with np.errstate(all="ignore"):
+            for run, (has_baseline, log1p, has_regimes) in self._runs:
+                margin = margins[run]
+                if has_baseline:
+                    margin += np.log1p(baselines[run]) if log1p else baselines[run]
+                if has_regimes:
+                    margin += regimes[run]
+                if log1p:
+                    np.expm1(margin, out=margin)
+                np.maximum(margin, 0.0, out=margin)
+        ttft, tpot = margins
+        return ttft, tpot
+
+
+def _served_values(forests: Forests, features: np.ndarray, specs: Sequence[ModelSpec]) -> list[np.ndarray]:
+    return [
+        served_latency_ms(margin, features, spec)
+        for margin, spec in zip(forests.margins(features), specs, strict=True)
+    ]
+
+
+def _same_bits(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> bool:
+    return all(
+        g.shape == e.shape and np.array_equal(g.view(np.uint64), e.view(np.uint64))
+        for g, e in zip(got, expected, strict=True)
+    )
+
+
+def _same_form_runs(specs: Sequence[ModelSpec]) -> list[tuple[slice, tuple[bool, bool, bool]]]:
+    """Consecutive models with the same served form (baseline, log1p, regime offsets), as slices."""
+    runs: list[tuple[slice, tuple[bool, bool, bool]]] = []
+    for k, spec in enumerate(specs):
+        form = (spec.baseline is not None, spec.target_transform == "log1p", spec.regime_offsets is not None)
+        if runs and runs[-1][1] == form:
+            runs[-1] = (slice(runs[-1][0].start, k + 1), form)
+        else:
+            runs.append((slice(k, k + 1), form))
+    return runs
