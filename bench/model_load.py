@@ -11,8 +11,9 @@ imports of XGBoost and numba, loading or compiling the JIT kernel, laying out th
 checking them on the probe matrix: until the process has loaded the JIT kernel, a version is
 served by the numpy/XGBoost fallback while the kernel loads in the background), the time until
 the JIT serves that first version, and the median of ``--switches`` more loads (what a running
-worker pays to switch to a new version). ``--cold`` gives each process an empty numba cache
-(``NUMBA_CACHE_DIR``), as on a new machine, so the kernel is compiled. ``--code DIR`` takes
+worker pays to switch to a new version) and of as many recalibrations (a calibration version:
+the same trees with new offsets, ``Predictor.recalibrated``). ``--cold`` gives each process an
+empty numba cache (``NUMBA_CACHE_DIR``), as on a new machine, so the kernel is compiled. ``--code DIR`` takes
 prediction_server and shared from another checkout (e.g. main, for a before/after comparison);
 the store is always written by this one.
 """
@@ -44,12 +45,23 @@ wait = getattr(predictor.forests, "wait", None)  # a first version switching to 
 if wait is not None:
     wait(120)
 jit_after = time.perf_counter() - t
+import prediction_server.jit_forest as jit_forest
+warm_served = getattr(jit_forest, "warm_served_kernel", None)  # the fused kernel, where it exists
+if warm_served is not None:
+    warm_served()  # blocks until the background warm-up (or this call) has loaded it
+served_after = time.perf_counter() - t
 switches = []
 for _ in range(int(sys.argv[2])):
     t = time.perf_counter()
     Predictor.from_model_set(model_set)
     switches.append(time.perf_counter() - t)
-print(imported, first, jit_after, statistics.median(switches), first_evaluator, predictor.evaluator)
+recalibrations = []  # a calibration version: same trees, new offsets
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter()
+    predictor.recalibrated(model_set)
+    recalibrations.append(time.perf_counter() - t)
+print(imported, first, jit_after, served_after, statistics.median(switches),
+      statistics.median(recalibrations), first_evaluator, predictor.evaluator)
 """
 
 
@@ -74,8 +86,11 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
     cache = "an empty numba cache per process" if args.cold else "numba's cache as it is"
     print(f"code {args.code.resolve()}; {args.processes} processes; {cache}; medians")
-    print("| model | first served by | then | import s | first load s | JIT serving after s | switch s |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| model | first served by | then | import s | first load s | JIT serving after s "
+        "| fused kernel after s | switch s | recalibration switch ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         trees, depth = (int(v) for v in size.split("x"))
         root = Path(tempfile.mkdtemp(prefix="model-load-"))
@@ -93,10 +108,12 @@ def main() -> None:
                 check=True,
             ).stdout.split()
             runs.append(out)
-        imported, first, jit_after, switch = (statistics.median(float(r[i]) for r in runs) for i in range(4))
+        imported, first, jit_after, served_after, switch, recalibration = (
+            statistics.median(float(r[i]) for r in runs) for i in range(6)
+        )
         print(
-            f"| {size} | {runs[0][4]} | {runs[0][5]} | {imported:.2f} | {first:.2f} | {jit_after:.2f} "
-            f"| {switch:.2f} |",
+            f"| {size} | {runs[0][6]} | {runs[0][7]} | {imported:.2f} | {first:.2f} | {jit_after:.2f} "
+            f"| {served_after:.2f} | {switch:.2f} | {recalibration * 1e3:.1f} |",
             flush=True,
         )
 

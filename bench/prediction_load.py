@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import math
+import shutil
 import socket
 import statistics
 import subprocess
@@ -52,6 +53,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.wrk_load import write_script, wrk_capacity  # noqa: E402
 from shared.artifacts import ModelStore, to_margin_target  # noqa: E402
 from shared.baseline import WORK_FEATURES  # noqa: E402
 from shared.features import build_features  # noqa: E402
@@ -78,6 +80,7 @@ class StepResult:
     server_wait_share: float
     generator_cpu_share: float
     passed: bool
+    connections: int = 0  # wrk's (closed loop); 0 for the open-loop generator
 
 
 # -- workload and models -----------------------------------------------------------------------------
@@ -425,6 +428,14 @@ def main() -> None:
     parser.add_argument("--p99-ms", type=float, default=50.0)
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--max-in-flight", type=int, default=256)
+    parser.add_argument(
+        "--generator",
+        choices=("wrk", "python"),
+        default="wrk" if shutil.which("wrk") else "python",
+        help="wrk (closed loop, bench/wrk_load.py; the default where installed) or this script's "
+        "open-loop generator, which saturates near 6,000 calls/s on one core",
+    )
+    parser.add_argument("--max-connections", type=int, default=64, help="wrk: connections tried up to")
     parser.add_argument("--json", type=Path, help="also write every step's figures here")
     parser.add_argument(
         "--baseline-code",
@@ -465,26 +476,33 @@ def main() -> None:
                 command[command.index("--port") + 1] = str(port)
                 log = workdir / f"base-{size}.log"
                 servers.append(
-                    Server(f"base-{size}", [*command, "--log-level", "warning"], port, log, args.baseline_code)
+                    Server(
+                        f"base-{size}", [*command, "--log-level", "warning"], port, log, args.baseline_code
+                    )
                 )
                 status = settled_status(servers[-1])
                 print(f"base-{size}: {args.baseline_code}, evaluator {status['evaluator']}", flush=True)
         check_same_answers(servers[1:], make_rows(100, 99))
-        requests = {}
+        requests, bodies = {}, {}
         for rows in row_counts:
-            body = orjson.dumps({"requests": make_rows(rows, rows)})
+            body = bodies[rows] = orjson.dumps({"requests": make_rows(rows, rows)})
             requests[rows] = (
                 b"POST /predict/bulk/strict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 + f"Content-Length: {len(body)}\r\n\r\n".encode()
                 + body
             )
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        scripts = {rows: write_script(workdir, rows, bodies[rows]) for rows in row_counts}
         for server in servers:  # warm up connections, caches and allocators
             offer(server, row_counts[0], 200.0, 1.0, args, requests[row_counts[0]], 0)
+        print(f"generator: {args.generator}", flush=True)
         for run in range(1, args.runs + 1):
             for rows in row_counts:
                 for server in servers:
-                    top, steps = capacity(server, rows, args, requests[rows], run)
+                    if args.generator == "wrk":
+                        top, steps = wrk_capacity(server, rows, scripts[rows], args, run, StepResult)
+                    else:
+                        top, steps = capacity(server, rows, args, requests[rows], run)
                     results.extend(steps)
                     best[(server.name, rows, run)] = top
     finally:

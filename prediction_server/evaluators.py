@@ -28,7 +28,13 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-from prediction_server.jit_forest import JitForests, kernel_ready, numba_installed, warm_kernel
+from prediction_server.jit_forest import (
+    JitForests,
+    kernel_ready,
+    numba_installed,
+    warm_kernel,
+    warm_served_kernel,
+)
 from prediction_server.trees import CompiledForest
 from shared.errors import ArtifactError
 from shared.features import NUM_FEATURES
@@ -311,6 +317,7 @@ class WarmingForests:
     ) -> None:
         started = time.perf_counter()
         joint_what = "+".join(what)
+        joint = None
         try:
             joint = _jit_forests(models, expected, probe, joint_what) if warm_kernel() else None
             self._active = joint or _fallback_forests(models, interim.forests, expected, probe, what)
@@ -325,6 +332,8 @@ class WarmingForests:
             log_event(log, "jit_warm_up_failed", logging.WARNING, model=joint_what, error=repr(exc))
         finally:
             self._done.set()
+        if joint is not None:  # then the served kernel (predictor.ServedPath), while the JIT serves
+            warm_served_kernel()
 
 
 def verified(candidate: Forest | None, expected: np.ndarray, probe: np.ndarray, what: str) -> Forest | None:

@@ -24,8 +24,8 @@ the kernel does exactly that, so margins are bit-identical to ``inplace_predict(
 (``evaluators.compile_forests`` checks them on the probe matrix before serving, and the unit tests
 over random, missing, extreme and on-threshold rows).
 
-The kernels (``jit_kernels``) are compiled on first use with ``cache=True``: numba keeps the machine code in
-``__pycache__`` beside this file, or, where that is read-only, in its user-wide cache
+The kernels (``jit_kernels``) are compiled on first use with ``cache=True``: numba keeps the
+machine code in ``__pycache__`` beside them, or, where that is read-only, in its user-wide cache
 (``NUMBA_CACHE_DIR`` chooses the directory), so later processes load it instead of compiling.
 Even loaded from the cache it costs a process ~0.5-0.7 s (importing numba, initialising its
 target), so ``warm_kernel()`` is run off the load path: ``evaluators.compile_forests`` serves
@@ -122,20 +122,47 @@ def warm_kernel() -> bool:
         # A call with the served argument types (numba tells read-only arrays apart) makes numba
         # load (or compile) that overload: rows as served (writable) and as probed (read-only).
         kernels = _kernels()
-        tables = (
-            _frozen(np.zeros(1, dtype=np.uint64)),
-            _frozen(np.zeros(1, dtype=np.float32)),
-            _frozen(np.zeros((0, 5), dtype=np.int64)),
-            _frozen(np.zeros(1, dtype=np.float32)),
-        )
+        tables = _tables()
         for rows in (np.zeros((1, 1), dtype=np.float32), _frozen(np.zeros((1, 1), dtype=np.float32))):
             kernels.tree_margins(rows, *tables, np.empty((1, 1), dtype=np.float32))
-        plan_ints, plan_floats = served_plan([None])
-        outputs = [np.empty((1, 1)) for _ in range(3)]
-        X = np.empty((1, NUM_FEATURES), dtype=np.float32)
-        kernels.served_terms(np.zeros((1, 10)), np.zeros(1), *tables, plan_ints, plan_floats, X, *outputs)
         _warm.set()
     return True
+
+
+_served_warm = threading.Event()
+
+
+def served_kernel_ready() -> bool:
+    """Whether ``warm_served_kernel`` has finished: ``JitForests.served_terms`` costs no compile."""
+    return _served_warm.is_set()
+
+
+def warm_served_kernel() -> bool:
+    """``warm_kernel``, then the same for ``served_terms`` (another ~1.5 s to compile on a new
+    machine: done once the trees' kernel serves); ``False`` without numba."""
+    if not warm_kernel():
+        return False
+    with _warm_lock:
+        if not _served_warm.is_set():
+            tables = _tables()
+            plan_ints, plan_floats = served_plan([None])
+            outputs = [np.empty((1, 1)) for _ in range(3)]
+            X = np.empty((1, NUM_FEATURES), dtype=np.float32)
+            _kernels().served_terms(
+                np.zeros((1, 10)), np.zeros(1), *tables, plan_ints, plan_floats, X, *outputs
+            )
+            _served_warm.set()
+    return True
+
+
+def _tables() -> tuple[np.ndarray, ...]:
+    """Read-only trees tables of the served types (``JitForests``' fields), for warming up."""
+    return (
+        _frozen(np.zeros(1, dtype=np.uint64)),
+        _frozen(np.zeros(1, dtype=np.float32)),
+        _frozen(np.zeros((0, 5), dtype=np.int64)),
+        _frozen(np.zeros(1, dtype=np.float32)),
+    )
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,9 +17,12 @@ operations in the same order, no fused multiply-add), so the results are the sam
 
 Tree walk: trees are laid out by ``jit_forest`` as perfect binary trees, in groups of ``GROUP``
 consecutive trees of one model padded to the group's depth. Rows are taken in blocks of
-``BLOCK``; for each group, each row of the block walks the group's trees together, one level at a
-time: ``GROUP`` independent chains of loads, so the CPU overlaps them, where one tree at a time
-waits on each load. Leaf values are added in tree order, as XGBoost does.
+``BLOCK``. A block of fewer than ``ROWS_TOGETHER`` rows (a typical scheduler call of a few
+candidate pods) walks each group's trees together, row by row, one level at a time: ``GROUP``
+independent chains of loads, so the CPU overlaps them, where one tree at a time waits on each
+load (4-5x faster for one row). A larger block goes tree by tree, all its rows one level at a time,
+a loop LLVM vectorises (1.2-1.4x faster from 10 rows on). Leaf values are added in tree order,
+as XGBoost does.
 """
 
 from __future__ import annotations
@@ -47,20 +50,26 @@ from prediction_server.jit_layout import (
     P_TERMS,
     P_WAITING_AT,
     P_WAITING_N,
+    ROWS_TOGETHER,
 )
 from shared.logging import log_event
 
 log = logging.getLogger(__name__)
 
 if GROUP != 8:
-    raise ImportError("_walk_block walks groups of exactly 8 trees together")
+    raise ImportError("_walk_trees_together walks groups of exactly 8 trees together")
+
+
+_uncached: list[str] = []
 
 
 def _njit(function: Callable[..., Any]) -> Any:
     try:
         return numba.njit(function, cache=True, nogil=True, boundscheck=False, error_model="numpy")
     except RuntimeError as exc:  # "cannot cache function ...: no locator available"
-        log_event(log, "jit_cache_unavailable", logging.WARNING, error=str(exc))
+        if not _uncached:  # one warning for the module
+            log_event(log, "jit_cache_unavailable", logging.WARNING, error=str(exc))
+        _uncached.append(function.__name__)
         return numba.njit(function, cache=False, nogil=True, boundscheck=False, error_model="numpy")
 
 
@@ -87,7 +96,38 @@ def _fill_keys(X: Any, start: int, m: int, keys: Any) -> None:
 
 
 @_njit
-def _walk_block(
+def _walk_rows_together(
+    keys: Any, stride: int, start: int, m: int, packed: Any, leaves: Any, groups: Any, out: Any
+) -> None:
+    """``_walk_trees_together`` for blocks of ``ROWS_TOGETHER`` rows or more: tree by tree, all rows
+    of the block one level at a time (a loop over rows that LLVM vectorises), in uint64."""
+    nodes = np.empty(BLOCK, np.uint64)
+    one = np.uint64(1)
+    mask = np.uint64(0xFFFF)
+    shift = np.uint64(32)
+    for g in range(groups.shape[0]):
+        depth = groups[g, 0]
+        n0 = groups[g, 1]
+        k = groups[g, 3]
+        size = (np.int64(1) << depth) - 1
+        width = size + 1
+        for t in range(groups[g, 4]):
+            first = np.uint64(n0 + t * size)
+            for j in range(m):
+                nodes[j] = np.uint64(0)
+            for _ in range(depth):
+                for j in range(m):
+                    node = nodes[j]
+                    split = packed[first + node]
+                    key = keys[np.uint64(j * stride) + (split & mask)]
+                    nodes[j] = node + node + one + np.uint64(key >= (split >> shift))
+            l0 = groups[g, 2] + t * width - size
+            for j in range(m):
+                out[k, start + j] += leaves[l0 + np.int64(nodes[j])]
+
+
+@_njit
+def _walk_trees_together(
     keys: Any, stride: int, start: int, m: int, packed: Any, leaves: Any, groups: Any, out: Any
 ) -> None:
     """Add every tree's leaf to ``out[model, start + j]`` for the block's ``m`` rows, in tree order.
@@ -166,7 +206,10 @@ def _tree_margins(X: Any, packed: Any, leaves: Any, groups: Any, base: Any, out:
     for start in range(0, n, BLOCK):
         m = min(n, start + BLOCK) - start
         _fill_keys(X, start, m, keys)
-        _walk_block(keys, stride, start, m, packed, leaves, groups, out)
+        if m >= ROWS_TOGETHER:
+            _walk_rows_together(keys, stride, start, m, packed, leaves, groups, out)
+        else:
+            _walk_trees_together(keys, stride, start, m, packed, leaves, groups, out)
 
 
 @_njit

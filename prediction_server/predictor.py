@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from prediction_server.evaluators import Forests, compile_forests, load_booster
-from prediction_server.jit_forest import JitForests, served_plan
+from prediction_server.jit_forest import JitForests, served_kernel_ready, served_plan
 from prediction_server.responses import encode_constants
 from shared.artifacts import (
     MODEL_NAMES,
@@ -65,6 +65,16 @@ def probe_rows() -> RowMatrix:
         column[-1] = 1.0 if name in ("kv_cache_percentage", "prefix_cache_score") else 1e6
     columns["pod_type"][-1] = 2.0
     return from_columns(columns)
+
+
+@cache
+def served_probe() -> tuple[RowMatrix, np.ndarray]:
+    """The probe rows ``ServedPath`` checks a version on, and their features: the first 24
+    (random, encoder caches) and the 8 last (edges) of ``probe_rows``, to keep the check of a
+    calibration version near the cost of its self-test."""
+    picked = np.r_[0:24, PROBE_ROWS - 8 : PROBE_ROWS]
+    rows = probe_rows()
+    return RowMatrix(rows.numeric[picked], rows.codes[picked]), np.ascontiguousarray(probe_matrix()[picked])
 
 
 @cache
@@ -158,6 +168,7 @@ class Predictor:
             served=ServedPath(manifest),
         )
         predictor.self_test()
+        predictor.served.check(predictor.forests)
         return predictor
 
     @classmethod
@@ -178,6 +189,7 @@ class Predictor:
         loaded_at = datetime.now(UTC)
         predictor = cls(manifest, forests, loaded_at, _constants(manifest, loaded_at), ServedPath(manifest))
         predictor.self_test()
+        predictor.served.check(forests)
         return predictor
 
     def self_test(self) -> None:
@@ -264,40 +276,51 @@ class ServedPath:
         evaluator: Any = getattr(forests, "active", forests)
         checked = self._checked
         if checked is None or checked[0] is not evaluator:
+            if not served_kernel_ready():  # not compiled yet: never compile on the hot path
+                return None
             checked = self._check(forests, evaluator)
         if not checked[1]:
             return None
         return self._finish(evaluator.served_terms(rows.numeric, rows.codes, self._plan)[1:])
 
+    def check(self, forests: Forests) -> bool:
+        """Check the kernel with the evaluator serving now; done when a version is loaded (off the
+        event loop), else by the first call after the evaluator changed or the kernel was loaded."""
+        if not served_kernel_ready():
+            return False
+        return self._check(forests, getattr(forests, "active", forests))[1]
+
     def _check(self, forests: Forests, evaluator: Any) -> tuple[Any, bool]:
         with self._lock:
-            ok = False
-            if isinstance(evaluator, JitForests):
-                try:
-                    X, *terms = evaluator.served_terms(*probe_rows(), self._plan)
-                    got = self._finish(terms)
-                except ValueError:
-                    got = None
-                with np.errstate(all="ignore"):
-                    expected = _served_values(forests, probe_matrix(), self._specs)
-                ok = got is not None and np.array_equal(X, probe_matrix()) and _same_bits(got, expected)
-                if not ok:
-                    log_event(log, "served_kernel_mismatch", logging.WARNING, evaluator=evaluator.name)
+            ok = isinstance(evaluator, JitForests) and self._reproduces(forests, evaluator)
             self._checked = (evaluator, ok)
             return self._checked
 
+    def _reproduces(self, forests: Forests, evaluator: JitForests) -> bool:
+        rows, matrix = served_probe()
+        try:
+            features, *terms = evaluator.served_terms(*rows, self._plan)
+        except ValueError:  # e.g. trees over other features
+            return False
+        with np.errstate(all="ignore"):
+            expected = _served_values(forests, matrix, self._specs)
+            got = self._finish(terms)
+        ok = np.array_equal(features, matrix) and _same_bits(got, expected)
+        if not ok:
+            log_event(log, "served_kernel_mismatch", logging.WARNING, evaluator=evaluator.name)
+        return ok
+
     def _finish(self, terms: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         margins, baselines, regimes = terms
-        with np.errstate(all="ignore"):
-            for run, (has_baseline, log1p, has_regimes) in self._runs:
-                margin = margins[run]
-                if has_baseline:
-                    margin += np.log1p(baselines[run]) if log1p else baselines[run]
-                if has_regimes:
-                    margin += regimes[run]
-                if log1p:
-                    np.expm1(margin, out=margin)
-                np.maximum(margin, 0.0, out=margin)
+        for run, (has_baseline, log1p, has_regimes) in self._runs:
+            margin = margins[run]
+            if has_baseline:
+                margin += np.log1p(baselines[run]) if log1p else baselines[run]
+            if has_regimes:
+                margin += regimes[run]
+            if log1p:
+                np.expm1(margin, out=margin)
+            np.maximum(margin, 0.0, out=margin)
         ttft, tpot = margins
         return ttft, tpot
 

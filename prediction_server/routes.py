@@ -70,6 +70,9 @@ class PredictionApi:
             "training_samples": predictor.manifest.training_samples if predictor else None,
             "feature_version": FEATURE_VERSION,
             "evaluator": predictor.evaluator if predictor else None,
+            # Whether calls are answered by the JIT's fused kernel (features to latencies in one
+            # compiled pass, checked bit for bit against the reference path): see predictor.ServedPath.
+            "served_kernel": predictor.served.reproduced if predictor else False,
             "store": self._shown_store(),
             "store_reachable": self.watcher.store_reachable,
             "store_current_readable": self.watcher.current_readable,

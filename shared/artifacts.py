@@ -165,6 +165,8 @@ def served_latency_ms(tree_margin: np.ndarray, features: np.ndarray, spec: Model
     has them, the online offset of each row's regime, inverse-transformed.
 
     The one place a margin becomes a served value: training, evaluation and serving all call it.
+    The prediction server's fused kernel (``prediction_server.predictor.ServedPath``) repeats it in
+    compiled form and serves a version only after reproducing this function's bits on probe rows.
     """
     margin = tree_margin.astype(np.float64) + spec.calibration_offset
     if spec.baseline is not None:

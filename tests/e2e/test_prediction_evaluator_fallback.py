@@ -1,5 +1,6 @@
 """The JIT evaluator and its fallback, as real servers: a prediction server on a machine without
-numba serves the same version through the numpy/XGBoost evaluators, with the same answers."""
+numba serves the same version through the numpy/XGBoost evaluators, with the same answers as one
+serving it through the JIT's fused kernel (features, trees and served transform compiled)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ def test_a_server_without_numba_gives_the_jit_servers_answers_bit_for_bit(tmp_pa
             lambda: get_json(fallback.url + "/status")["evaluator"].startswith("CompiledForest<="), "fallback"
         )
         rows = random_rows(300, np.random.default_rng(5))  # small and large batches: both fallbacks
+
+        def fused() -> bool:  # a call checks the fused kernel once it is compiled, then it serves
+            httpx.post(jit.url + "/predict/bulk/strict", json={"requests": rows[:2]}, timeout=30)
+            return bool(get_json(jit.url + "/status")["served_kernel"])
+
+        wait_until(fused, "the JIT's fused kernel", 120)
+        assert get_json(fallback.url + "/status")["served_kernel"] is False
         for batch in (rows[:1], rows[:10], rows):
             answers = [
                 [

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from prediction_server import predictor as predictor_module
-from prediction_server.jit_forest import JitForests, warm_kernel
+from prediction_server.jit_forest import JitForests, warm_served_kernel
 from prediction_server.predictor import Predictor, builtin_prior_model_set
 from shared.artifacts import ModelStore
 from shared.baseline import WORK_FEATURES
@@ -21,7 +21,7 @@ from shared.row_decoder import RowMatrix, from_columns, to_columns
 from shared.schemas import MAX_COUNT, parse_rows
 from tests.prediction_support import publish_trained, random_rows
 
-pytestmark = pytest.mark.skipif(not warm_kernel(), reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not warm_served_kernel(), reason="numba is not installed")
 
 
 def _baseline(name: str, intercept: float, slope: float) -> dict[str, Any]:
@@ -82,6 +82,7 @@ def test_served_kernel_gives_the_bits_of_the_reference_path(tmp_path: Path, form
     publish_trained(store, seed=4, **FORMS[form])
     predictor = Predictor.from_model_set(store.load())
     assert isinstance(predictor.forests, JitForests)  # the kernel is warm: the JIT serves at once
+    assert predictor.served.reproduced  # checked at load, off the hot path
     rows = _edge_rows(np.random.default_rng(9))
     expected = predictor.predict(build_features(to_columns(rows)))
     for size in (1, 7, 32, 33, 400):  # one block, a partial block, several blocks
