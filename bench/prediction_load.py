@@ -13,8 +13,13 @@ Servers, each one process pinned with ``taskset -c 0``, ``OMP_NUM_THREADS=1``:
   base-TxD       with ``--baseline-code DIR``: the same for the first size, served by the code in
                  DIR (another checkout), for a before/after in the same run.
 
-Capacity: for each (server, rows per call) the generator first offers a light load to measure the
-server's CPU per call, then offers fixed rates at fractions of the rate that CPU cost allows
+Generator: wrk where it is installed (``--generator wrk``, the default; ``bench/wrk_load.py``:
+closed loop, 1, 2, 4, ... connections, capacity = the highest calls/s with p99 within the bound),
+else this script's open-loop generator (``--generator python``), which costs ~150-180 µs of CPU
+per call and so saturates near 6,000 calls/s on one core, below the floor server's capacity.
+
+Open-loop capacity: for each (server, rows per call) the generator first offers a light load to
+measure the server's CPU per call, then offers fixed rates at fractions of the rate that CPU cost allows
 (``--fractions``) for ``--step-s`` each, open loop (call *i* is sent at ``start + i / rate``
 whatever the answers do, over keep-alive connections, and its latency runs from that due time),
 until a rate fails: p99 above ``--p99-ms``, more than 0.1 % errors, or fewer answered than 98 %

@@ -16,6 +16,7 @@ bodies.
 
 from __future__ import annotations
 
+from itertools import chain
 from operator import attrgetter
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -93,9 +94,10 @@ def decode_row(raw: bytes) -> RowMatrix | None:
 
 
 def _matrix(rows: list[Any]) -> RowMatrix:
-    numeric = np.array(list(map(_NUMBERS, rows)), dtype=np.float64).reshape(len(rows), NUMERIC_FIELDS)
-    codes = np.array(list(map(_CODES.__getitem__, map(_POD, rows))), dtype=np.float64)
-    return RowMatrix(numeric, codes)
+    n = len(rows)  # fromiter with a count: no shape discovery over nested tuples
+    numeric = np.fromiter(chain.from_iterable(map(_NUMBERS, rows)), np.float64, count=n * NUMERIC_FIELDS)
+    codes = np.fromiter(map(_CODES.__getitem__, map(_POD, rows)), np.float64, count=n)
+    return RowMatrix(numeric.reshape(n, NUMERIC_FIELDS), codes)
 
 
 def from_columns(columns: Columns) -> RowMatrix:
