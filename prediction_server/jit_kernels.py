@@ -40,6 +40,7 @@ from prediction_server.jit_layout import (
     F_INTERCEPT,
     GROUP,
     KEY_MAX,
+    LAYOUT,
     P_COEF_AT,
     P_COLUMNS,
     P_HAS_BASELINE,
@@ -56,8 +57,11 @@ from shared.logging import log_event
 
 log = logging.getLogger(__name__)
 
-if GROUP != 8:
-    raise ImportError("_walk_trees_together walks groups of exactly 8 trees together")
+# jit_layout.LAYOUT as these kernels were written and cached for (see there); _walk_trees_together
+# walks groups of exactly 8 trees.
+_COMPILED_LAYOUT = (8, 32, 6, 0xFFFFFFFF, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1)
+if LAYOUT != _COMPILED_LAYOUT or GROUP != 8:
+    raise ImportError(f"jit_layout.LAYOUT {LAYOUT} is not the layout these kernels read {_COMPILED_LAYOUT}")
 
 
 _uncached: list[str] = []

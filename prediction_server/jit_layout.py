@@ -18,3 +18,26 @@ MAX_FEATURES = 0x7FFF
 P_HAS_BASELINE, P_TERMS, P_COEF_AT, P_HAS_REGIMES, P_WAITING_AT, P_WAITING_N, P_KV_AT, P_KV_N = range(8)
 P_OFFSETS_AT, P_COLUMNS = 8, 9  # the baseline's feature columns follow
 F_INTERCEPT, F_CALIBRATION = 0, 1
+
+# Every value above that the kernels use, in this order. numba bakes them into the machine code it
+# caches and invalidates that cache only when jit_kernels.py itself changes (numba's documented
+# limitation for globals and other files), so jit_kernels.py holds a literal copy and refuses to
+# import (the numpy evaluator serves) unless it matches: a layout change must edit both files.
+LAYOUT = (
+    GROUP,
+    BLOCK,
+    ROWS_TOGETHER,
+    KEY_MAX,
+    P_HAS_BASELINE,
+    P_TERMS,
+    P_COEF_AT,
+    P_HAS_REGIMES,
+    P_WAITING_AT,
+    P_WAITING_N,
+    P_KV_AT,
+    P_KV_N,
+    P_OFFSETS_AT,
+    P_COLUMNS,
+    F_INTERCEPT,
+    F_CALIBRATION,
+)

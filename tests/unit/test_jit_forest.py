@@ -135,3 +135,21 @@ def test_tables_are_read_only() -> None:
     forests = JitForests.from_boosters([_model("reg:squarederror", 4)])
     with pytest.raises(ValueError, match="read-only"):
         forests._packed[0] = 0
+
+
+def test_kernels_refuse_a_layout_they_were_not_written_for() -> None:
+    """numba caches jit_layout's constants in the machine code and invalidates the cache only when
+    jit_kernels.py changes: a layout edited alone must fail loudly, not serve stale code."""
+    import subprocess
+    import sys
+
+    code = (
+        "import prediction_server.jit_layout as layout\n"
+        "layout.LAYOUT = (16,) + layout.LAYOUT[1:]\n"
+        "try:\n"
+        "    import prediction_server.jit_kernels\n"
+        "except ImportError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "refused: jit_layout.LAYOUT (16," in out.stdout, out.stdout + out.stderr
