@@ -333,7 +333,10 @@ class WarmingForests:
         finally:
             self._done.set()
         if joint is not None:  # then the served kernel (predictor.ServedPath), while the JIT serves
-            warm_served_kernel()
+            try:
+                warm_served_kernel()
+            except Exception as exc:  # the trees' JIT and the reference path go on serving
+                log_event(log, "served_kernel_warm_up_failed", logging.WARNING, error=repr(exc))
 
 
 def verified(candidate: Forest | None, expected: np.ndarray, probe: np.ndarray, what: str) -> Forest | None:
