@@ -8,10 +8,10 @@ input column in the low ones. A row's inputs become keys once per call, twice pe
 ``f`` holds NaN as the smallest key, column ``num_features + f`` as the largest, and a
 default-right split reads the second column. So a visit is two loads, one integer comparison and
 ``node = 2 node + 1 + (key >= threshold_key)``: no branch, no NaN test. Each run of ``GROUP``
-consecutive trees of a model is padded to the run's deepest tree and walked together by each
-row, so a row's walks through eight trees overlap in the CPU instead of waiting on each
-other's loads; rows go in blocks of ``BLOCK``, so a group's trees and a block's keys stay in the
-L1 cache (``jit_kernels``).
+consecutive trees of a model is padded to the run's deepest tree. Rows go in blocks of
+``BLOCK``; a block of fewer than ``ROWS_TOGETHER`` rows walks a group's eight trees together,
+row by row, so the walks overlap in the CPU instead of waiting on each other's loads, and a
+larger one goes tree by tree, all its rows one level at a time (``jit_kernels``).
 
 ``served_terms`` goes further for wire rows: it builds the feature matrix and adds the
 calibration offset, the work-ahead baseline and the regime offsets in the same compiled pass
@@ -144,13 +144,10 @@ def warm_served_kernel() -> bool:
         return False
     with _warm_lock:
         if not _served_warm.is_set():
-            tables = _tables()
-            plan_ints, plan_floats = served_plan([None])
+            rows = (np.zeros((1, NUMERIC_FIELDS)), np.zeros(1))
             outputs = [np.empty((1, 1)) for _ in range(3)]
             X = np.empty((1, NUM_FEATURES), dtype=np.float32)
-            _kernels().served_terms(
-                np.zeros((1, 10)), np.zeros(1), *tables, plan_ints, plan_floats, X, *outputs
-            )
+            _kernels().served_terms(*rows, *_tables(), *served_plan([None]), X, *outputs)
             _served_warm.set()
     return True
 
@@ -251,9 +248,7 @@ class JitForests:
             raise ValueError(f"served terms need the {NUM_FEATURES} features of shared.features")
         if numeric.dtype != np.float64 or numeric.ndim != 2 or numeric.shape[1] != NUMERIC_FIELDS:
             raise ValueError(f"expected numeric rows of shape (n, {NUMERIC_FIELDS}), got {numeric.shape}")
-        if not (numeric.flags.c_contiguous and numeric.flags.writeable):  # the compiled overload
-            numeric = numeric.copy()
-        codes = np.array(codes, dtype=np.float64)  # a writable copy, as compiled
+        numeric, codes = _as_compiled(numeric), _as_compiled(np.asarray(codes, dtype=np.float64))
         n = numeric.shape[0]
         X = np.empty((n, NUM_FEATURES), dtype=np.float32)
         margins, baselines, regimes = (np.empty((self.num_models, n)) for _ in range(3))
@@ -271,6 +266,12 @@ class JitForests:
             regimes,
         )
         return X, margins, baselines, regimes
+
+
+def _as_compiled(array: np.ndarray) -> np.ndarray:
+    """``array`` as the overload ``warm_served_kernel`` compiled takes it: C-contiguous, writable
+    (numba tells read-only arrays apart); a copy only when it is not."""
+    return array if array.flags.c_contiguous and array.flags.writeable else array.copy()
 
 
 def served_plan(specs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:

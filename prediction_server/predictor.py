@@ -67,13 +67,16 @@ def probe_rows() -> RowMatrix:
     return from_columns(columns)
 
 
+# The probe rows ServedPath checks a version on: the first 24 (random, encoder caches) and the last
+# 8 (edges), to keep the check of a calibration version near the cost of its self-test.
+SERVED_PROBE = np.r_[0:24, PROBE_ROWS - 8 : PROBE_ROWS]
+
+
 @cache
 def served_probe() -> tuple[RowMatrix, np.ndarray]:
-    """The probe rows ``ServedPath`` checks a version on, and their features: the first 24
-    (random, encoder caches) and the 8 last (edges) of ``probe_rows``, to keep the check of a
-    calibration version near the cost of its self-test."""
-    picked = np.r_[0:24, PROBE_ROWS - 8 : PROBE_ROWS]
+    """The ``SERVED_PROBE`` rows of ``probe_rows`` and their features."""
     rows = probe_rows()
+    picked = SERVED_PROBE
     return RowMatrix(rows.numeric[picked], rows.codes[picked]), np.ascontiguousarray(probe_matrix()[picked])
 
 
@@ -167,8 +170,7 @@ class Predictor:
             prediction_constants=constants,
             served=ServedPath(manifest),
         )
-        predictor.self_test()
-        predictor.served.check(predictor.forests)
+        predictor.served.check(predictor.forests, predictor.self_test())
         return predictor
 
     @classmethod
@@ -188,12 +190,12 @@ class Predictor:
         )
         loaded_at = datetime.now(UTC)
         predictor = cls(manifest, forests, loaded_at, _constants(manifest, loaded_at), ServedPath(manifest))
-        predictor.self_test()
-        predictor.served.check(forests)
+        predictor.served.check(forests, predictor.self_test())
         return predictor
 
-    def self_test(self) -> None:
-        """Refuse a version whose answers on the probe matrix are not finite, non-negative latencies."""
+    def self_test(self) -> tuple[np.ndarray, np.ndarray]:
+        """Refuse a version whose answers on the probe matrix are not finite, non-negative
+        latencies; returns those answers (the reference the served kernel is checked against)."""
         with np.errstate(all="ignore"):  # overflow is what we are checking for
             ttft, tpot = self.predict(probe_matrix())
         for name, values in (("ttft", ttft), ("tpot", tpot)):
@@ -202,6 +204,7 @@ class Predictor:
                     f"version {self.version}: self-test failed, {name} predictions are not finite "
                     "non-negative milliseconds"
                 )
+        return ttft, tpot
 
 
 @cache
@@ -283,27 +286,35 @@ class ServedPath:
             return None
         return self._finish(evaluator.served_terms(rows.numeric, rows.codes, self._plan)[1:])
 
-    def check(self, forests: Forests) -> bool:
+    def check(self, forests: Forests, reference: Sequence[np.ndarray] | None = None) -> bool:
         """Check the kernel with the evaluator serving now; done when a version is loaded (off the
-        event loop), else by the first call after the evaluator changed or the kernel was loaded."""
+        event loop, against the self-test's answers on the probe matrix, ``reference``), else by
+        the first call after the evaluator changed or the kernel was loaded."""
         if not served_kernel_ready():
             return False
-        return self._check(forests, getattr(forests, "active", forests))[1]
+        return self._check(forests, getattr(forests, "active", forests), reference)[1]
 
-    def _check(self, forests: Forests, evaluator: Any) -> tuple[Any, bool]:
+    def _check(
+        self, forests: Forests, evaluator: Any, reference: Sequence[np.ndarray] | None = None
+    ) -> tuple[Any, bool]:
         with self._lock:
-            ok = isinstance(evaluator, JitForests) and self._reproduces(forests, evaluator)
+            ok = isinstance(evaluator, JitForests) and self._reproduces(forests, evaluator, reference)
             self._checked = (evaluator, ok)
             return self._checked
 
-    def _reproduces(self, forests: Forests, evaluator: JitForests) -> bool:
+    def _reproduces(
+        self, forests: Forests, evaluator: JitForests, reference: Sequence[np.ndarray] | None
+    ) -> bool:
         rows, matrix = served_probe()
         try:
             features, *terms = evaluator.served_terms(*rows, self._plan)
         except ValueError:  # e.g. trees over other features
             return False
         with np.errstate(all="ignore"):
-            expected = _served_values(forests, matrix, self._specs)
+            if reference is None:
+                expected = _served_values(forests, matrix, self._specs)
+            else:
+                expected = [values[SERVED_PROBE] for values in reference]
             got = self._finish(terms)
         ok = np.array_equal(features, matrix) and _same_bits(got, expected)
         if not ok:
