@@ -102,8 +102,9 @@ def _matrix(rows: list[Any]) -> RowMatrix:
 
 def from_columns(columns: Columns) -> RowMatrix:
     """The rows of ``shared.schemas.parse_rows``' columns."""
-    numeric = np.stack([columns[name] for name in NUMERIC_ROW_FIELDS], axis=1).astype(np.float64, copy=False)
-    return RowMatrix(np.ascontiguousarray(numeric), np.asarray(columns["pod_type"], dtype=np.float64))
+    numeric = np.stack([columns[name] for name in NUMERIC_ROW_FIELDS], axis=1)  # C-contiguous
+    codes = np.asarray(columns["pod_type"], dtype=np.float64)
+    return RowMatrix(numeric.astype(np.float64, copy=False), codes)
 
 
 def to_columns(rows: RowMatrix) -> Columns:
