@@ -422,6 +422,9 @@ class LiveScorer:
             "calibration_versions": self.calibration_versions,
             "regime_scheme": {"waiting_edges": self.scheme.waiting_edges, "kv_edges": self.scheme.kv_edges},
             "regimes": models,
+            # per model: the online calibration's trend term, log-latency units per posted batch
+            # (> 0: latency has kept rising and the offsets follow it by themselves)
+            "calibration_trend": {name: round(self.calibrator.trend(name), 6) for name in MODEL_NAMES},
             "drift_events": self.drift.events,
             "last_drift": None
             if last is None

@@ -25,6 +25,16 @@ batch moves by its own error only, a regime not in it follows the batch. A chang
 regime (a slower pool) is seen first where samples are frequent (no queue) and so reaches the
 queue bins that are seen only in bursts before their samples do; a change in one regime moves
 that regime and, by its share of the batch, the regimes not seen meanwhile.
+The shared part also has a trend term (the "I" part of conformal PID control in spirit, here a
+second integrator): a velocity that integrates the shared part's moves, leaking by ``TREND_LEAK``
+per batch, added to it with every batch. A tracker alone follows latency that keeps rising (a
+queue that builds up through an overload, a trace's load stage) only by missing more often than
+``1 - q``: its offset moves by the excess miss rate, so it lags behind by a steady shortfall for as
+long as the rise lasts (a rise of 0.5 % per batch with residual noise 0.05 is covered 0.84). The
+velocity learns the rise and takes over the move, so the miss rate returns to ``1 - q`` (0.88
+there); when the rise stops, the covered samples drain the velocity again. It is on the shared part
+only: a regime's own part keeps tracking its own error, so what the shared part follows still
+reaches the regimes seen only in bursts.
 A regime without samples for ``STALE_S`` (or ever) starts from its nearest regime with
 recent samples (nearest queue bin first), so a queue that grows into a new bin inherits the
 correction of the bin below.
@@ -68,6 +78,8 @@ BATCH_CAP = 8
 MIN_SPREAD, MAX_SPREAD = 0.05, 2.0  # bounds of the residual spread the step scales with (log units)
 COMMON_SHARE = 1.0  # step of the shared part, relative to a regime's own step
 STALE_S = 120.0  # a regime without samples this long starts again from its nearest neighbour
+# The shared part's trend term: a velocity that integrates the shared part's moves and leaks per batch.
+TREND_GAIN, TREND_LEAK = 0.05, 0.98
 
 
 class _RegimeRings:
@@ -122,6 +134,7 @@ class RegimeCalibrator:
         self.steps = steps  # per model
         self._rings = {name: _RegimeRings(scheme.size, window) for name in models}
         self._common = dict.fromkeys(models, 0.0)  # the part of the offsets every regime shares
+        self._velocity = dict.fromkeys(models, 0.0)  # the shared part's trend, per batch
         self._theta = {name: np.zeros(scheme.size) for name in models}  # each regime's own part
         self._seen_s = {name: np.full(scheme.size, -np.inf) for name in models}  # last sample per regime
         self.trees: dict[str, str] = {}  # model -> SHA-256 of the trees the offsets are for
@@ -154,8 +167,14 @@ class RegimeCalibrator:
         # slower pool) reaches the rarely seen queue bins before their samples do.
         pooled = self.steps[model] * self._spread(rings, None) * min(len(residual), BATCH_CAP)
         pooled *= COMMON_SHARE * (float(np.mean(missed)) - alpha)
-        # A model without regime trackers only ever widens the trainer's calibration (see above).
-        self._common[model] = common + pooled if model in self.per_regime else max(0.0, common + pooled)
+        if model in self.per_regime:
+            # The trend term: latency that keeps rising (a queue building up) is followed without the
+            # lasting shortfall a tracker alone has while it lags behind (see the module docstring).
+            self._velocity[model] = TREND_LEAK * self._velocity[model] + TREND_GAIN * pooled
+            self._common[model] = common + pooled + self._velocity[model]
+        else:
+            # A model without regime trackers only ever widens the trainer's calibration (see above).
+            self._common[model] = max(0.0, common + pooled)
         for regime in np.unique(regimes).tolist():
             rows = np.flatnonzero(regimes == regime)
             seen[regime] = now_s
@@ -209,7 +228,7 @@ class RegimeCalibrator:
         restart, self._prior[model] = self._prior.get(model, False), prior
         rings, theta = self._rings[model], self._theta[model]
         if restart:
-            self._common[model] = 0.0
+            self._common[model] = self._velocity[model] = 0.0
             theta[:] = 0.0
         held = [r for r in range(self.scheme.size) if rings.count[r]]
         if not held:
@@ -234,6 +253,10 @@ class RegimeCalibrator:
                 theta[r] += float(np.median(rings.base[r, :n] - new))
             rings.base[r, :n], rings.residual[r, :n] = new, target - new
             start += n
+
+    def trend(self, model: str) -> float:
+        """The shared part's trend term: how much it moves per batch by itself (log-latency units)."""
+        return self._velocity[model]
 
     def offsets(self, model: str) -> np.ndarray:
         """The offset of each regime (log-latency units, added to the served margin)."""

@@ -115,6 +115,7 @@ def test_live_coverage_of_a_shifted_regime_returns_to_target_while_others_stay_p
     _feed(scorer, rng, 80, shift=True)
     # ...then online calibration restores it.
     after = _busy(scorer, "ttft")
+    assert set(scorer.status()["calibration_trend"]) == {"ttft", "tpot"}
     assert 0.88 <= after[SHIFTED]["coverage"] <= 0.92, after[SHIFTED]
     # (less than log(1.8) in log1p units: short latencies move less)
     assert after[SHIFTED]["offset"] - offsets_before[SHIFTED] > 0.6 * np.log(FACTOR)
