@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from shared.features import FEATURE_NAMES, NUM_FEATURES
 from shared.regimes import DEFAULT_SCHEME
@@ -106,15 +107,19 @@ def test_a_change_in_every_regime_moves_the_shared_part_a_change_in_one_moves_on
     assert cal.offsets("ttft")[_regime(5)] > neighbour - 0.1, (cal.offsets("ttft"), neighbour)
 
 
-def test_a_queue_bin_seen_only_in_bursts_follows_a_change_seen_where_samples_are_frequent() -> None:
-    cal, rng = _calibrator(), np.random.default_rng(2)
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_a_queue_bin_seen_only_in_bursts_follows_a_change_seen_where_samples_are_frequent(seed: int) -> None:
+    cal, rng = _calibrator(), np.random.default_rng(seed)
     cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
     _feed(cal, rng, 200, {0: 0.0, 8: 0.0})  # a burst: waiting=8-15 seen together with no queue
     burst_offset = cal.offsets("ttft")[_regime(8)]
     _feed(cal, rng, 200, {0: 1.1})  # the pool got 3x slower; between bursts only waiting=0 is seen
-    # The queue bin followed before any of its own samples arrived...
-    assert cal.offsets("ttft")[_regime(8)] - burst_offset > 0.8, cal.offsets("ttft")
-    # ...so the next burst is covered from its first batch, not after it.
+    # The queue bin followed most of the change before any of its own samples arrived. Without the
+    # shared part's trend term it followed 0.95-1.06 of the 1.1 on these seeds; with it 0.69-0.81:
+    # the trend's overshoot and its correction leave more of the change in waiting=0's own part
+    # (a known cost, docs/benchmarks-accuracy.md, "A trend term on the shared offset").
+    assert cal.offsets("ttft")[_regime(8)] - burst_offset > 0.6, cal.offsets("ttft")
+    # ...so the next burst is mostly covered from its first batch, not after it.
     assert _feed(cal, rng, 1, {0: 1.1, 8: 1.1})[0] > 0.7
 
 
