@@ -33,8 +33,11 @@ queue that builds up through an overload, a trace's load stage) only by missing 
 long as the rise lasts (a rise of 0.5 % per batch with residual noise 0.05 is covered 0.84). The
 velocity learns the rise and takes over the move, so the miss rate returns to ``1 - q`` (0.88
 there); when the rise stops, the covered samples drain the velocity again. It is on the shared part
-only: a regime's own part keeps tracking its own error, so what the shared part follows still
-reaches the regimes seen only in bursts.
+only: a regime's own part keeps tracking its own error (a velocity per regime took the change of a
+slower pool away from the shared part altogether). It still costs the regimes seen only in
+bursts part of what they inherit: after a step, the velocity overshoots, and its correction leaves
+more of the change in the frequent regime's own part (a 1.1 step: 0.69-0.81 inherited instead of
+0.95-1.06).
 A regime without samples for ``STALE_S`` (or ever) starts from its nearest regime with
 recent samples (nearest queue bin first), so a queue that grows into a new bin inherits the
 correction of the bin below.

@@ -72,21 +72,21 @@ def test_a_latency_that_keeps_rising_is_covered_at_the_target_share_not_short_of
     cal, rng = _calibrator(), np.random.default_rng(6)
     cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
     features = _rows(8, 40)
-    coverage = []
-    for t in range(300):
-        target = rng.normal(0.005 * t, 0.05, 8)
-        coverage.append(float(np.mean(target <= cal.offsets("ttft")[_regime(40)])))
-        now = float(next(CLOCK))
-        cal.observe("ttft", features, target, np.zeros(8), np.full(8, now), now)
-    assert np.mean(coverage[50:]) >= 0.875, np.mean(coverage[50:])
+
+    def track(means: np.ndarray) -> list[float]:
+        """One batch of 8 samples N(mean, 0.05) per mean; the coverage of each by the offset before it."""
+        coverage = []
+        for mean in means.tolist():
+            target = rng.normal(mean, 0.05, 8)
+            coverage.append(float(np.mean(target <= cal.offsets("ttft")[_regime(40)])))
+            now = float(next(CLOCK))
+            cal.observe("ttft", features, target, np.zeros(8), np.full(8, now), now)
+        return coverage
+
+    rising = track(0.005 * np.arange(300))
+    assert np.mean(rising[50:]) >= 0.875, np.mean(rising[50:])
     # When the rise stops, the trend term does not keep pushing: coverage returns to the target.
-    level = 0.005 * 300
-    after = []
-    for _ in range(150):
-        target = rng.normal(level, 0.05, 8)
-        after.append(float(np.mean(target <= cal.offsets("ttft")[_regime(40)])))
-        now = float(next(CLOCK))
-        cal.observe("ttft", features, target, np.zeros(8), np.full(8, now), now)
+    after = track(np.full(150, 0.005 * 300))
     assert abs(np.mean(after[50:]) - Q) < 0.03, np.mean(after[50:])
 
 
