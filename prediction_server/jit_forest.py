@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,9 @@ def served_plan(specs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
                 ints[P_HAS_BASELINE], ints[P_TERMS], ints[P_COEF_AT] = 1, len(names), len(floats)
                 floats[F_INTERCEPT] = float(spec.baseline["intercept"])
                 floats.extend(float(c) for c in spec.baseline["coefficients"])
+                # each term's cap (shared.baseline's ``upper``; +inf without one), after the slopes
+                upper = spec.baseline.get("upper") or [math.inf] * len(names)
+                floats.extend(float(np.float32(u)) for u in upper)
                 ints.extend(FEATURE_NAMES.index(name) for name in names)
             offsets = spec.regime_offsets
             if offsets is not None:

@@ -251,8 +251,8 @@ def _served_terms(
     """For wire rows (``numeric``: the ten numeric row fields in wire order, float64; ``codes``:
     the pod-type codes), fill ``X`` with ``build_features``' matrix and, per model ``k``:
     ``margins[k]`` = the trees' margin (float32, widened) + the calibration offset,
-    ``baselines[k]`` = ``baseline_ms`` (0 without a baseline), ``regimes[k]`` = the row's regime
-    offset (0 without offsets)."""
+    ``baselines[k]`` = ``baseline_ms`` (each term capped at its bound; 0 without a baseline),
+    ``regimes[k]`` = the row's regime offset (0 without offsets)."""
     n = numeric.shape[0]
     for i in range(n):
         tokens = numeric[i, 1]
@@ -289,7 +289,8 @@ def _served_terms(
                 value = intercept
                 for c in range(terms):
                     column = plan_ints[k, P_COLUMNS + c]
-                    value = value + np.float64(X[i, column]) * plan_floats[k, coef_at + c]
+                    work = min(np.float64(X[i, column]), plan_floats[k, coef_at + terms + c])
+                    value = value + work * plan_floats[k, coef_at + c]
                 value = _nonnegative(value)
             baselines[k, i] = value
             offset = 0.0

@@ -7,10 +7,12 @@ server fits the baseline (``training_server.baseline_fit``) and records it in th
 (``shared.artifacts.ModelSpec.baseline``) as a plain dict::
 
     {"kind": "linear", "features": ["num_request_waiting", ...], "intercept": 12.0,
-     "coefficients": [30.5, ...]}
+     "coefficients": [30.5, ...], "upper": [64.0, ...]}
 
-``baseline_ms`` evaluates it on a feature matrix built by ``shared.features.build_features``;
-training, evaluation and serving all call it, through ``shared.artifacts.served_latency_ms``.
+``upper`` (optional) caps each feature before it is weighted; a feature may appear more than
+once, capped at different bounds, so the baseline can be concave and piecewise linear: its slope
+falls at each bound it passes (TPOT's decode step saturates; ``training_server.baseline_fit``
+decides when).
 """
 
 from __future__ import annotations
@@ -41,15 +43,18 @@ def check_baseline(baseline: dict[str, Any]) -> None:
         coefficients = [float(c) for c in baseline["coefficients"]]
         intercept = float(baseline["intercept"])
         kind = baseline["kind"]
-    except (KeyError, TypeError, ValueError) as exc:
+        upper = [float(u) for u in baseline.get("upper") or coefficients]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"unreadable baseline: {exc!r}") from exc
     if kind != BASELINE_KIND:
         raise ArtifactError(f"unknown baseline kind {kind!r}")
     unknown = [name for name in names if name not in _INDEX]
-    if unknown or len(names) != len(coefficients):
-        raise ArtifactError(f"baseline features {names} do not match the feature schema or coefficients")
-    if not np.isfinite([intercept, *coefficients]).all():
-        raise ArtifactError("baseline coefficients are not finite")
+    if unknown or len(names) != len(coefficients) or len(upper) != len(coefficients):
+        raise ArtifactError(
+            f"baseline features {names} do not match the feature schema, coefficients or upper bounds"
+        )
+    if not np.isfinite([intercept, *coefficients, *upper]).all():
+        raise ArtifactError("baseline coefficients or upper bounds are not finite")
 
 
 def baseline_ms(features: np.ndarray, baseline: dict[str, Any]) -> np.ndarray:
@@ -61,24 +66,35 @@ def baseline_ms(features: np.ndarray, baseline: dict[str, Any]) -> np.ndarray:
     ``np.add.accumulate`` along each row (sequential by definition), so a row gets the same bits
     alone or in any batch, and a caller's prediction does not depend on whom the coalescer
     batched it with.
+    With ``upper``, each feature is first capped at its bound (in float32, exact).
     """
-    _, columns, coefficients, intercept = _compiled(baseline)
+    _, columns, coefficients, intercept, upper = _compiled(baseline)
     terms = np.empty((len(features), len(columns) + 1), dtype=np.float64)
     terms[:, 0] = intercept
-    np.multiply(features[:, columns], coefficients, out=terms[:, 1:])  # float32 -> float64, exact
+    work = features[:, columns] if upper is None else np.minimum(features[:, columns], upper)
+    np.multiply(work, coefficients, out=terms[:, 1:])  # float32 -> float64, exact
     values = np.add.accumulate(terms, axis=1)[:, -1]
     return np.maximum(values, 0.0)
 
 
-_COMPILED: dict[int, tuple[dict[str, Any], np.ndarray, np.ndarray, float]] = {}
+_Compiled = tuple[dict[str, Any], np.ndarray, np.ndarray, float, np.ndarray | None]
+_COMPILED: dict[int, _Compiled] = {}
 
 
-def _compiled(baseline: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray, np.ndarray, float]:
+def _compiled(baseline: dict[str, Any]) -> _Compiled:
     entry = _COMPILED.get(id(baseline))
     if entry is None or entry[0] is not baseline:  # ids are reused once an object is gone
         if len(_COMPILED) > 64:
             _COMPILED.clear()
         columns = np.array([_INDEX[name] for name in baseline["features"]], dtype=np.intp)
         coefficients = np.asarray(baseline["coefficients"], dtype=np.float64)
-        entry = _COMPILED[id(baseline)] = (baseline, columns, coefficients, float(baseline["intercept"]))
+        bounds = baseline.get("upper")
+        upper = None if bounds is None else np.asarray(bounds, dtype=np.float32)
+        entry = _COMPILED[id(baseline)] = (
+            baseline,
+            columns,
+            coefficients,
+            float(baseline["intercept"]),
+            upper,
+        )
     return entry

@@ -13,6 +13,23 @@ Measured on 50,000 synthetic rows (2 busy cores): 20 IRLS steps on all rows took
 a pinball loss within 1 % of an exact linear programme (HiGHS), which took 0.2 s for 1,000 rows,
 0.5 s for 2,000 and 2.1 s for 4,000; scikit-learn's ``QuantileRegressor`` solves the same
 programme (without the sign constraint).
+
+A linear baseline keeps growing with the work, which is right for work that queues (TTFT behind
+a deeper queue) and wrong where the latency saturates: the decode step of a memory-bound GPU (on
+the bimodal H200 trace, TPOT rises from 26 to 36 ms up to 34 running requests, then stays at
+37-39 ms up to 393). A line fitted where TPOT still rises overshoots beyond that, and the trees
+cannot bend it back: their monotone constraints (more running work never lowers TPOT) hold for
+their log-ratio to the baseline, which would have to fall. So TPOT's baseline may bend: each
+feature enters once as it is and once capped at each of several knees (quantiles of its fit
+rows, ``KNEE_LEVELS``), every slope non-negative: a concave, non-decreasing line whose slope falls
+at each knee, to 0 where TPOT saturates (as on the traces), and whose slope beyond the last
+knee is what the rows there show. The trainer passes its held-out samples, the newest; those
+beyond the fitted range (a load that keeps rising) show how TPOT goes on there, and the bent
+baseline replaces the linear one only if it predicts them better with the guard's confidence.
+Without such rows (a steady load) the line stays: the first overload beyond the range is then
+extrapolated as growing, the side that errs towards covering it. The guard then scores the
+candidate on the same held-out samples, with one of two baselines picked on part of them: a
+small optimism its tolerance for equal models absorbs.
 """
 
 from __future__ import annotations
@@ -21,17 +38,37 @@ from typing import Any
 
 import numpy as np
 
-from shared.baseline import BASELINE_KIND, WORK_FEATURES
+from shared.baseline import BASELINE_KIND, WORK_FEATURES, baseline_ms
 from shared.features import FEATURE_NAMES
+from training_server.evaluation import compare_paired
 
 FIT_ROWS = 10_000
 IRLS_STEPS = 30
+# Models whose latency may stop growing with the work (a memory-bound decode step: TPOT). TTFT
+# waits for the work queued ahead of it, which adds up without bound: its baseline stays linear.
+SATURATING = frozenset({"tpot"})
+KNEE_LEVELS = (0.2, 0.4, 0.6, 0.8, 0.95)  # the bent baseline's knees: quantiles of its fit rows
+KNEE_FIT_ROWS = 3_000  # rows the bent baseline is fitted on (its design has 6x the columns)
+MIN_BEYOND = 50  # newer rows beyond the fitted range needed to compare it with the linear one
+_NO_CAP = 3.0e38  # an upper bound no feature reaches (finite, for the manifest's JSON)
 
 
 def fit_baseline(
-    model: str, features: np.ndarray, latency_ms: np.ndarray, quantile: float
+    model: str,
+    features: np.ndarray,
+    latency_ms: np.ndarray,
+    quantile: float,
+    newest: tuple[np.ndarray, np.ndarray] | None = None,
+    confidence: float = 0.95,
 ) -> dict[str, Any] | None:
-    """The baseline description for ``model`` fitted on these rows, or ``None`` if there are none."""
+    """The baseline description for ``model`` fitted on these rows, or ``None`` if there are none.
+
+    For a model in ``SATURATING``, with ``newest`` (feature rows and latencies newer than the fit
+    rows), the linear baseline is compared with the concave one bent at ``KNEE_LEVELS`` of its
+    features, on the newest rows beyond the fitted range (at least ``MIN_BEYOND`` of them): the
+    bent one replaces it only if it predicts them better with ``confidence`` (paired comparison,
+    as the publish guard does).
+    """
     names = WORK_FEATURES[model]
     n = len(latency_ms)
     if n == 0:
@@ -40,16 +77,65 @@ def fit_baseline(
     columns = np.array([FEATURE_NAMES.index(name) for name in names])
     x = features[np.ix_(rows, columns)].astype(np.float64)
     y = latency_ms[rows].astype(np.float64)
+    linear = _fit(names, x, y, quantile)
+    if model not in SATURATING or newest is None:
+        return linear
+    new_features, new_latency = newest
+    beyond = np.any(new_features[:, columns] > features[:, columns].max(axis=0), axis=1)
+    if np.count_nonzero(beyond) < MIN_BEYOND:
+        return linear  # nothing newer shows how the latency goes on beyond the range: keep the line
+    knees = np.quantile(x, KNEE_LEVELS, axis=0).astype(np.float32).astype(np.float64)
+    few = np.unique(np.linspace(0, len(y) - 1, min(len(y), KNEE_FIT_ROWS)).astype(np.int64))
+    bent = _fit(names, x[few], y[few], quantile, knees)
+    probe, actual = new_features[beyond], new_latency[beyond]
+    decision = compare_paired(
+        _relative_losses(bent, probe, actual, quantile),
+        _relative_losses(linear, probe, actual, quantile),
+        confidence,
+    )
+    return bent if decision.verdict == "better" else linear
+
+
+def _fit(
+    names: tuple[str, ...],
+    x: np.ndarray,
+    y: np.ndarray,
+    quantile: float,
+    knees: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """The linear baseline, or with ``knees`` (levels x features) the concave one: each feature
+    enters once as it is and once capped at each of its (positive, distinct) knees, every slope
+    non-negative, so the slope falls at each knee it passes, to 0 where the latency saturates."""
     # Relative pinball loss: each row weighs 1 / latency, so the slopes fit the typical request
     # rather than the few slowest ones (the trees correct the log-ratio around it).
     relative = 1.0 / np.maximum(y, max(1e-3, 0.01 * float(np.median(y))))
-    intercept, slopes = quantile_regression_nonneg(x, y, quantile, relative)
-    return {
+    capped = [] if knees is None else sorted({(j, float(k)) for j, k in _knees(knees)})
+    work = np.column_stack([np.minimum(x[:, j], k) for j, k in capped] + [x]) if capped else x
+    intercept, slopes = quantile_regression_nonneg(work, y, quantile, relative)
+    baseline: dict[str, Any] = {
         "kind": BASELINE_KIND,
-        "features": list(names),
+        "features": [names[j] for j, _ in capped] + list(names),
         "intercept": intercept,
         "coefficients": [float(v) for v in slopes],
     }
+    if capped:
+        # float32 knees, as the features are: the cap is applied to build_features' matrix
+        baseline["upper"] = [k for _, k in capped] + [_NO_CAP] * len(names)
+    return baseline
+
+
+def _knees(knees: np.ndarray) -> list[tuple[int, float]]:
+    return [(j, float(k)) for level in knees for j, k in enumerate(level) if k > 0]
+
+
+def _relative_losses(
+    baseline: dict[str, Any], features: np.ndarray, latency_ms: np.ndarray, q: float
+) -> np.ndarray:
+    """Per-row pinball loss of the baseline alone, relative to the latency (as it is fitted)."""
+    predicted = baseline_ms(features, baseline)
+    diff = latency_ms - predicted
+    loss = np.maximum(q * diff, (q - 1.0) * diff)
+    return loss / np.maximum(latency_ms, max(1e-3, 0.01 * float(np.median(latency_ms))))
 
 
 def quantile_regression_nonneg(

@@ -111,6 +111,11 @@ class TrainingSettings(ServiceSettings):
         default=True,
         description="Fit a linear work-ahead baseline (quantile regression) and train the trees around it.",
     )
+    baseline_cap: bool = Field(
+        default=True,
+        description="Let TPOT's baseline saturate: cap its features where the newest held-out samples "
+        "show, with the guard's confidence, that TPOT stopped growing.",
+    )
     monotone_constraints: bool = Field(
         default=True,
         description="Constrain the trees: more queued/prefill work never lowers TTFT, more decode work TPOT.",

@@ -11,6 +11,9 @@ on the training part (``baseline_fit``: a quantile regression with non-negative 
 queued and in-flight work), then a quantile (or mean) XGBoost model on log1p(latency) with the
 baseline's log1p as ``base_margin``, so the trees learn the log-ratio around a latency that keeps
 growing with the work beyond the trained range (``monotone_constraints`` where physics says so).
+TPOT's baseline may instead bend (concave, piecewise linear) where the held-out samples beyond
+the trained range show TPOT stopped growing (``baseline_fit``: the trees' constraints cannot
+bring down a line that overshoots).
 It is calibrated with a conformal offset on the calibration part, each sample weighted by its
 recency (``calibration_half_life_s``: the spread-out runs sample every regime, the weights keep
 the offset on the newest residuals after the pool changed), and scored on the held-out part,
@@ -204,7 +207,8 @@ class Trainer:
         baseline = None
         if s.work_baseline:
             level = s.quantile if s.objective == "quantile" else 0.5
-            baseline = fit_baseline(name, features[train], actual[train], level)
+            newest = (features[hold], actual[hold]) if s.baseline_cap else None
+            baseline = fit_baseline(name, features[train], actual[train], level, newest, s.publish_confidence)
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         dtrain = xgb.QuantileDMatrix(
             features[train],
@@ -412,4 +416,5 @@ def _summary(c: _Candidate) -> dict[str, Any]:
         "samples": c.samples,
         "candidate": c.metrics["overall"] if c.metrics else None,
         "current": c.current_metrics["overall"] if c.current_metrics else None,
+        "baseline": None if c.baseline is None else "bent" if "upper" in c.baseline else "linear",
     }

@@ -50,6 +50,13 @@ FORMS: dict[str, dict[str, Any]] = {
         "baselines": {"ttft": _baseline("ttft", 3.0, 0.01), "tpot": None},
         "regime_offsets": {"ttft": None, "tpot": _regimes(3)},
     },
+    "capped baselines (each term at its upper bound)": {
+        "baselines": {
+            "ttft": {**_baseline("ttft", 12.0, 0.003), "upper": [8.0, 5000.0, 2000.0, 20.0]},
+            "tpot": {**_baseline("tpot", 8.0, 0.0007), "upper": [16.0, 3.0e38, 4000.5]},
+        },
+        "regime_offsets": {"ttft": _regimes(4), "tpot": None},
+    },
     "negative intercept (clipped baselines)": {
         "baselines": {"ttft": _baseline("ttft", -500.0, 0.001), "tpot": _baseline("tpot", -1e9, 0.0)},
     },

@@ -17,7 +17,7 @@ import xgboost as xgb
 
 from prediction_server.predictor import Predictor
 from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
-from shared.baseline import baseline_ms
+from shared.baseline import baseline_ms, check_baseline
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.prior import publish_prior
@@ -179,3 +179,31 @@ def test_the_baseline_is_summed_term_by_term_in_the_documented_order() -> None:
             expected = expected + features[:, column].astype(np.float64) * coefficient
         expected = np.maximum(expected, 0.0)
         assert baseline_ms(features, baseline).tobytes() == expected.tobytes()
+
+
+def test_a_capped_baseline_stays_at_its_bounds_and_bad_bounds_are_refused() -> None:
+    """``upper`` caps each term before it is weighted: rows beyond a bound get the bound's value,
+    rows within every bound the uncapped value (the same bits); the served value never falls as
+    the work grows. Bounds that are missing, of the wrong length or not finite are refused."""
+    linear = {
+        "kind": "linear",
+        "features": ["num_request_running", "decode_tokens_in_flight"],
+        "intercept": 20.0,
+        "coefficients": [0.6, 1e-4],
+    }
+    capped = {**linear, "upper": [30.0, 3.0e38]}
+    check_baseline(capped)
+    running, decode = (
+        FEATURE_NAMES.index("num_request_running"),
+        FEATURE_NAMES.index("decode_tokens_in_flight"),
+    )
+    features = np.zeros((400, len(FEATURE_NAMES)), dtype=np.float32)
+    features[:, running] = np.arange(400)
+    features[:, decode] = 100.0
+    uncapped, bounded = baseline_ms(features, linear), baseline_ms(features, capped)
+    assert bounded[:31].tobytes() == uncapped[:31].tobytes()
+    assert np.all(bounded[31:] == bounded[30]) and bounded[30] == 20.0 + 0.6 * 30 + 1e-4 * 100
+    assert np.all(np.diff(bounded) >= 0)
+    for bad in ([30.0], [30.0, float("inf")], [30.0, float("nan")], "high"):
+        with pytest.raises(ArtifactError):
+            check_baseline({**linear, "upper": bad})

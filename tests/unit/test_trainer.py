@@ -284,3 +284,54 @@ def test_the_calibration_half_life_covers_a_pool_that_just_slowed_down(tmp_path:
         predicted = _predict(store.load(), "ttft", fresh)
         coverage[half_life] = float(np.mean(fresh["actual_ttft_ms"] * 1.6 <= predicted))
     assert coverage[0.0] < 0.8 and coverage[120.0] >= 0.85, coverage
+
+
+def _rising_load_window(tpot_ms: Any, n: int, seed: int, now: float) -> StratifiedWindow:
+    """20 minutes in which the running requests rise steadily from 1 to 300 (a load that keeps
+    growing); TPOT is ``tpot_ms(running)`` with 3 % noise."""
+    rng = np.random.default_rng(seed)
+    columns = synthetic.samples(n, rng)
+    running = np.geomspace(1, 300, n).round()
+    columns["num_request_running"] = running
+    columns["decode_tokens_in_flight"] = running * 600.0
+    columns["actual_tpot_ms"] = tpot_ms(running) * rng.lognormal(0.0, 0.03, n)
+    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
+    window.insert(columns, now - 1200 + np.linspace(0, 1190, n))
+    return window
+
+
+@pytest.mark.parametrize(
+    ("world", "expected"),
+    [("saturating", "bent"), ("linear", "linear")],
+)
+def test_tpots_baseline_bends_only_where_the_newest_samples_show_it_stopped_growing(
+    tmp_path: Path, world: str, expected: str
+) -> None:
+    """The load keeps rising, so the newest held-out samples lie beyond the trained range. Where
+    TPOT saturates (a memory-bound decode step: flat beyond 30 running requests, as on the H200
+    traces), a line fitted where it still rises overshoots far beyond (5x at 360 running without
+    the bend: the trees' monotone constraints cannot bring it back down); the held-out samples show
+    it, the trainer bends the baseline, and a fresh request at 360 running is predicted near its
+    p90. Where TPOT keeps growing (the simulator's compute-bound step), the line is kept."""
+
+    def tpot(running: np.ndarray) -> np.ndarray:
+        if world == "saturating":
+            return 20.0 + 0.6 * np.minimum(running, 30.0)
+        return 20.0 + 0.1 * running
+
+    now = time.time()
+    window = _rising_load_window(tpot, 12_000, seed=5, now=now)
+    settings = _settings(tmp_path)
+    store = ModelStore(settings.store_dir)
+    outcome = Trainer(store, settings).run(window.snapshot(), now)
+    assert outcome.outcome == "published"
+    assert outcome.models["tpot"]["baseline"] == expected
+    baseline = store.load().manifest.models["tpot"].baseline
+    assert baseline is not None and ("upper" in baseline) == (expected == "bent")
+    fresh = synthetic.samples(2000, np.random.default_rng(6))
+    fresh["num_request_running"] = np.full(2000, 360.0)
+    fresh["decode_tokens_in_flight"] = np.full(2000, 360.0 * 600.0)
+    predicted = _predict(store.load(), "tpot", fresh)
+    truth_p90 = float(tpot(np.array([360.0]))[0]) * float(np.exp(0.03 * 1.2816))
+    ratio = float(np.median(predicted)) / truth_p90
+    assert 0.9 < ratio < 1.12, ratio
