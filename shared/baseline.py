@@ -9,6 +9,8 @@ server fits the baseline (``training_server.baseline_fit``) and records it in th
     {"kind": "linear", "features": ["num_request_waiting", ...], "intercept": 12.0,
      "coefficients": [30.5, ...], "upper": [64.0, ...]}
 
+``baseline_ms`` evaluates it on a feature matrix built by ``shared.features.build_features``;
+training, evaluation and serving all call it, through ``shared.artifacts.served_latency_ms``.
 ``upper`` (optional) caps each feature before it is weighted; a feature may appear more than
 once, capped at different bounds, so the baseline can be concave and piecewise linear: its slope
 falls at each bound it passes (TPOT's decode step saturates; ``training_server.baseline_fit``

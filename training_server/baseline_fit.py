@@ -40,7 +40,7 @@ import numpy as np
 
 from shared.baseline import BASELINE_KIND, WORK_FEATURES, baseline_ms
 from shared.features import FEATURE_NAMES
-from training_server.evaluation import compare_paired
+from training_server.evaluation import compare_paired, pinball_loss
 
 FIT_ROWS = 10_000
 IRLS_STEPS = 30
@@ -108,8 +108,12 @@ def _fit(
     non-negative, so the slope falls at each knee it passes, to 0 where the latency saturates."""
     # Relative pinball loss: each row weighs 1 / latency, so the slopes fit the typical request
     # rather than the few slowest ones (the trees correct the log-ratio around it).
-    relative = 1.0 / np.maximum(y, max(1e-3, 0.01 * float(np.median(y))))
-    capped = [] if knees is None else sorted({(j, float(k)) for j, k in _knees(knees)})
+    relative = _relative(y)
+    capped = (
+        sorted({(j, float(k)) for level in knees for j, k in enumerate(level) if k > 0})
+        if knees is not None
+        else []
+    )
     work = np.column_stack([np.minimum(x[:, j], k) for j, k in capped] + [x]) if capped else x
     intercept, slopes = quantile_regression_nonneg(work, y, quantile, relative)
     baseline: dict[str, Any] = {
@@ -124,18 +128,17 @@ def _fit(
     return baseline
 
 
-def _knees(knees: np.ndarray) -> list[tuple[int, float]]:
-    return [(j, float(k)) for level in knees for j, k in enumerate(level) if k > 0]
-
-
 def _relative_losses(
     baseline: dict[str, Any], features: np.ndarray, latency_ms: np.ndarray, q: float
 ) -> np.ndarray:
     """Per-row pinball loss of the baseline alone, relative to the latency (as it is fitted)."""
-    predicted = baseline_ms(features, baseline)
-    diff = latency_ms - predicted
-    loss = np.maximum(q * diff, (q - 1.0) * diff)
-    return loss / np.maximum(latency_ms, max(1e-3, 0.01 * float(np.median(latency_ms))))
+    return pinball_loss(latency_ms, baseline_ms(features, baseline), q) * _relative(latency_ms)
+
+
+def _relative(latency_ms: np.ndarray) -> np.ndarray:
+    """Each row's weight 1 / latency (floored at 1 % of the median: a near-zero latency does not
+    dominate)."""
+    return 1.0 / np.maximum(latency_ms, max(1e-3, 0.01 * float(np.median(latency_ms))))
 
 
 def quantile_regression_nonneg(
