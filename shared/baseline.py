@@ -7,14 +7,15 @@ server fits the baseline (``training_server.baseline_fit``) and records it in th
 (``shared.artifacts.ModelSpec.baseline``) as a plain dict::
 
     {"kind": "linear", "features": ["num_request_waiting", ...], "intercept": 12.0,
-     "coefficients": [30.5, ...], "upper": [64.0, ...]}
+     "coefficients": [30.5, ...]}
 
 ``baseline_ms`` evaluates it on a feature matrix built by ``shared.features.build_features``;
 training, evaluation and serving all call it, through ``shared.artifacts.served_latency_ms``.
-``upper`` (optional) caps each feature before it is weighted; a feature may appear more than
-once, capped at different bounds, so the baseline can be concave and piecewise linear: its slope
-falls at each bound it passes (TPOT's decode step saturates; ``training_server.baseline_fit``
-decides when).
+A ``"piecewise-linear"`` baseline also has ``upper``, a bound per term that caps its feature
+before it is weighted; a feature may appear more than once, capped at different bounds, so the
+baseline can be concave: its slope falls at each bound it passes (TPOT's decode step saturates;
+``training_server.baseline_fit`` decides when). Its own kind makes a prediction server that
+predates it refuse the version rather than misread it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES
 
 BASELINE_KIND = "linear"
+# A baseline with ``upper`` bounds has its own kind, so a prediction server older than the bounds
+# refuses it (and keeps serving the version it has) instead of reading the repeated terms as a sum.
+PIECEWISE_KIND = "piecewise-linear"
 _INDEX = {name: j for j, name in enumerate(FEATURE_NAMES)}
 
 # The work ahead of a request, per model: what a quantile regression with non-negative slopes
@@ -45,11 +49,15 @@ def check_baseline(baseline: dict[str, Any]) -> None:
         coefficients = [float(c) for c in baseline["coefficients"]]
         intercept = float(baseline["intercept"])
         kind = baseline["kind"]
-        upper = [float(u) for u in baseline.get("upper") or coefficients]
+        upper = [float(u) for u in baseline.get("upper", coefficients)]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"unreadable baseline: {exc!r}") from exc
-    if kind != BASELINE_KIND:
+    if kind not in (BASELINE_KIND, PIECEWISE_KIND):
         raise ArtifactError(f"unknown baseline kind {kind!r}")
+    if (kind == PIECEWISE_KIND) != ("upper" in baseline):
+        raise ArtifactError(
+            f"a {kind!r} baseline {'needs' if kind == PIECEWISE_KIND else 'has no'} upper bounds"
+        )
     unknown = [name for name in names if name not in _INDEX]
     if unknown or len(names) != len(coefficients) or len(upper) != len(coefficients):
         raise ArtifactError(

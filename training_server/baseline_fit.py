@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.baseline import BASELINE_KIND, WORK_FEATURES, baseline_ms
+from shared.baseline import BASELINE_KIND, PIECEWISE_KIND, WORK_FEATURES, baseline_ms
 from shared.features import FEATURE_NAMES
 from training_server.evaluation import compare_paired, pinball_loss
 
@@ -117,7 +117,7 @@ def _fit(
     work = np.column_stack([np.minimum(x[:, j], k) for j, k in capped] + [x]) if capped else x
     intercept, slopes = quantile_regression_nonneg(work, y, quantile, relative)
     baseline: dict[str, Any] = {
-        "kind": BASELINE_KIND,
+        "kind": PIECEWISE_KIND if capped else BASELINE_KIND,
         "features": [names[j] for j, _ in capped] + list(names),
         "intercept": intercept,
         "coefficients": [float(v) for v in slopes],

@@ -47,6 +47,7 @@ from shared.artifacts import (
     sha256_hex,
     to_margin_target,
 )
+from shared.baseline import PIECEWISE_KIND
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.logging import log_event
@@ -416,5 +417,9 @@ def _summary(c: _Candidate) -> dict[str, Any]:
         "samples": c.samples,
         "candidate": c.metrics["overall"] if c.metrics else None,
         "current": c.current_metrics["overall"] if c.current_metrics else None,
-        "baseline": None if c.baseline is None else "bent" if "upper" in c.baseline else "linear",
+        "baseline": None
+        if c.baseline is None
+        else "bent"
+        if c.baseline["kind"] == PIECEWISE_KIND
+        else "linear",
     }

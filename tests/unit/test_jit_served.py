@@ -14,6 +14,7 @@ from prediction_server import predictor as predictor_module
 from prediction_server.jit_forest import JitForests, warm_served_kernel
 from prediction_server.predictor import Predictor, builtin_prior_model_set
 from shared.artifacts import ModelStore
+from shared.baseline import PIECEWISE_KIND as PIECEWISE
 from shared.baseline import WORK_FEATURES
 from shared.features import build_features
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
@@ -52,8 +53,12 @@ FORMS: dict[str, dict[str, Any]] = {
     },
     "capped baselines (each term at its upper bound)": {
         "baselines": {
-            "ttft": {**_baseline("ttft", 12.0, 0.003), "upper": [8.0, 5000.0, 2000.0, 20.0]},
-            "tpot": {**_baseline("tpot", 8.0, 0.0007), "upper": [16.0, 3.0e38, 4000.5]},
+            "ttft": {
+                **_baseline("ttft", 12.0, 0.003),
+                "kind": PIECEWISE,
+                "upper": [8.0, 5000.0, 2000.0, 20.0],
+            },
+            "tpot": {**_baseline("tpot", 8.0, 0.0007), "kind": PIECEWISE, "upper": [16.0, 3.0e38, 4000.5]},
         },
         "regime_offsets": {"ttft": _regimes(4), "tpot": None},
     },

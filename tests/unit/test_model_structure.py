@@ -17,7 +17,7 @@ import xgboost as xgb
 
 from prediction_server.predictor import Predictor
 from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
-from shared.baseline import baseline_ms, check_baseline
+from shared.baseline import PIECEWISE_KIND, baseline_ms, check_baseline
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.prior import publish_prior
@@ -184,14 +184,15 @@ def test_the_baseline_is_summed_term_by_term_in_the_documented_order() -> None:
 def test_a_capped_baseline_stays_at_its_bounds_and_bad_bounds_are_refused() -> None:
     """``upper`` caps each term before it is weighted: rows beyond a bound get the bound's value,
     rows within every bound the uncapped value (the same bits); the served value never falls as
-    the work grows. Bounds that are missing, of the wrong length or not finite are refused."""
+    the work grows. Bounds of the wrong length or not finite are refused, and so are bounds
+    without their kind or that kind without bounds."""
     linear = {
         "kind": "linear",
         "features": ["num_request_running", "decode_tokens_in_flight"],
         "intercept": 20.0,
         "coefficients": [0.6, 1e-4],
     }
-    capped = {**linear, "upper": [30.0, 3.0e38]}
+    capped = {**linear, "kind": PIECEWISE_KIND, "upper": [30.0, 3.0e38]}
     check_baseline(capped)
     running, decode = (
         FEATURE_NAMES.index("num_request_running"),
@@ -204,6 +205,13 @@ def test_a_capped_baseline_stays_at_its_bounds_and_bad_bounds_are_refused() -> N
     assert bounded[:31].tobytes() == uncapped[:31].tobytes()
     assert np.all(bounded[31:] == bounded[30]) and bounded[30] == 20.0 + 0.6 * 30 + 1e-4 * 100
     assert np.all(np.diff(bounded) >= 0)
-    for bad in ([30.0], [30.0, float("inf")], [30.0, float("nan")], "high"):
+    for bad in ([30.0], [], None, [30.0, float("inf")], [30.0, float("nan")], "high"):
         with pytest.raises(ArtifactError):
-            check_baseline({**linear, "upper": bad})
+            check_baseline({**capped, "upper": bad})
+    # Bounds only with their own kind: a server that predates them refuses the version instead
+    # of reading the repeated terms as a plain sum.
+    without_kind = {**capped, "kind": "linear"}
+    without_bounds = {k: v for k, v in capped.items() if k != "upper"}
+    for bad_kind in (without_kind, without_bounds):
+        with pytest.raises(ArtifactError):
+            check_baseline(bad_kind)

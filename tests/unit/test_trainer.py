@@ -327,7 +327,7 @@ def test_tpots_baseline_bends_only_where_the_newest_samples_show_it_stopped_grow
     assert outcome.outcome == "published"
     assert outcome.models["tpot"]["baseline"] == expected
     baseline = store.load().manifest.models["tpot"].baseline
-    assert baseline is not None and ("upper" in baseline) == (expected == "bent")
+    assert baseline is not None and (baseline["kind"] == "piecewise-linear") == (expected == "bent")
     fresh = synthetic.samples(2000, np.random.default_rng(6))
     fresh["num_request_running"] = np.full(2000, 360.0)
     fresh["decode_tokens_in_flight"] = np.full(2000, 360.0 * 600.0)
