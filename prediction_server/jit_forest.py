@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -292,7 +291,7 @@ def served_plan(specs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
                 floats[F_INTERCEPT] = float(spec.baseline["intercept"])
                 floats.extend(float(c) for c in spec.baseline["coefficients"])
                 # each term's cap (shared.baseline's ``upper``; +inf without one), after the slopes
-                upper = spec.baseline.get("upper") or [math.inf] * len(names)
+                upper = spec.baseline.get("upper") or [np.inf] * len(names)
                 floats.extend(float(np.float32(u)) for u in upper)
                 ints.extend(FEATURE_NAMES.index(name) for name in names)
             offsets = spec.regime_offsets

@@ -111,10 +111,10 @@ class TrainingSettings(ServiceSettings):
         default=True,
         description="Fit a linear work-ahead baseline (quantile regression) and train the trees around it.",
     )
-    baseline_cap: bool = Field(
+    baseline_bend: bool = Field(
         default=True,
-        description="Let TPOT's baseline saturate: cap its features where the newest held-out samples "
-        "show, with the guard's confidence, that TPOT stopped growing.",
+        description="Let TPOT's baseline bend (concave, piecewise linear) where the newest held-out samples "
+        "beyond the trained range show, with the guard's confidence, that TPOT stopped growing.",
     )
     monotone_constraints: bool = Field(
         default=True,

@@ -204,18 +204,19 @@ class Trainer:
         is_cal = evaluation.calibration_mask(len(fit_rows), n_cal)
         train, cal = fit_rows[~is_cal], fit_rows[is_cal]
         target = to_margin_target(actual, "log1p")
+        train_x, hold_x = features[train], features[hold]
         weight = _recency_weights(snap, train, now_s, s.recency_half_life_s)
         baseline = None
         if s.work_baseline:
             level = s.quantile if s.objective == "quantile" else 0.5
-            newest = (features[hold], actual[hold]) if s.baseline_cap else None
-            baseline = fit_baseline(name, features[train], actual[train], level, newest, s.publish_confidence)
+            newest = (hold_x, actual[hold]) if s.baseline_bend else None
+            baseline = fit_baseline(name, train_x, actual[train], level, newest, s.publish_confidence)
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         dtrain = xgb.QuantileDMatrix(
-            features[train],
+            train_x,
             label=target[train],
             weight=weight,
-            base_margin=base_margin(features[train], spec),
+            base_margin=base_margin(train_x, spec),
             max_bin=s.max_bin,
             nthread=s.training_threads,
         )
@@ -235,8 +236,8 @@ class Trainer:
         else:
             offset = evaluation.mean_offset(target[cal], cal_base + margin_cal)
         spec = ModelSpec(file="", sha256="", size_bytes=0, calibration_offset=offset, baseline=baseline)
-        hold_margin = booster.inplace_predict(features[hold], predict_type="margin")
-        predicted = served_latency_ms(hold_margin, features[hold], spec)
+        hold_margin = booster.inplace_predict(hold_x, predict_type="margin")
+        predicted = served_latency_ms(hold_margin, hold_x, spec)
         metrics = evaluation.evaluate(actual[hold], predicted, snap.strata[hold], s.objective, s.quantile)
         cal_predicted = served_latency_ms(margin_cal, features[cal], spec)
         metrics["calibration_coverage"] = float(np.mean(actual[cal] <= cal_predicted))
@@ -252,8 +253,8 @@ class Trainer:
         )
         if current is not None and name in current.boosters:
             cur_spec = current.manifest.models[name]
-            cur_margin = current.boosters[name].inplace_predict(features[hold], predict_type="margin")
-            cur_pred = served_latency_ms(cur_margin, features[hold], cur_spec)
+            cur_margin = current.boosters[name].inplace_predict(hold_x, predict_type="margin")
+            cur_pred = served_latency_ms(cur_margin, hold_x, cur_spec)
             candidate.current_metrics = evaluation.evaluate(
                 actual[hold], cur_pred, snap.strata[hold], s.objective, s.quantile
             )
@@ -417,9 +418,12 @@ def _summary(c: _Candidate) -> dict[str, Any]:
         "samples": c.samples,
         "candidate": c.metrics["overall"] if c.metrics else None,
         "current": c.current_metrics["overall"] if c.current_metrics else None,
-        "baseline": None
-        if c.baseline is None
-        else "bent"
-        if c.baseline["kind"] == PIECEWISE_KIND
-        else "linear",
+        "baseline": _baseline_form(c.baseline),
     }
+
+
+def _baseline_form(baseline: dict[str, Any] | None) -> str | None:
+    """How a candidate's baseline goes on beyond its trained range: "linear", "bent" (it saturates)."""
+    if baseline is None:
+        return None
+    return "bent" if baseline["kind"] == PIECEWISE_KIND else "linear"
