@@ -1,0 +1,154 @@
+"""In-process replay of the real H200 traces with the online calibration: TPOT/TTFT coverage per stage.
+
+A development check, minutes cheaper than ``bench/accuracy_evidence.py`` (which replays through
+real servers over HTTP): each trace is read in file order (= time) in chunks of ``--chunk``
+entries; every chunk is predicted by the serving path (``prediction_server.predictor.Predictor``
+on the store's current version, regime offsets included) before its samples go to the window and
+to the training server's own live scorer (``training_server.live_scoring.LiveScorer``: the online
+calibration, publishing calibration versions with no minimum interval); the trainer retrains after
+every ``--retrain-every`` entries with the live scorer's offsets, as the service does. Requests a
+model answered with the prior's trees are left out. Per trace and model: coverage overall and per
+load stage, with each stage's median log ratio of prediction to actual (over-prediction > 0).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/h200_calibration_replay.py [--code CHECKOUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+# stage starts (entry indices) as bench/accuracy_trace.py finds them for these traces
+STAGES = {
+    "sharegpt-h200": [0, 118, 434, 1100, 1585],
+    "chatbot-synthetic-h200": [0, 174, 240, 720, 1680],
+    "bimodal-h200": [0, 86, 286, 758, 1825],
+}
+
+
+def replay(
+    code: Path, trace: Path, stages: list[int], chunk: int, retrain_every: int, q: float
+) -> dict[str, Any]:
+    sys.path.insert(0, str(code))
+    from prometheus_client import CollectorRegistry
+
+    from prediction_server.predictor import Predictor
+    from shared.artifacts import ModelStore
+    from shared.features import build_features
+    from shared.prior import publish_prior
+    from shared.schemas import parse_training_entries
+    from training_server.config import TrainingSettings
+    from training_server.live_scoring import LiveScorer
+    from training_server.metrics import TrainingMetrics
+    from training_server.trainer import Trainer
+    from training_server.window import StratifiedWindow
+
+    with lzma.open(trace, "rt") as lines:
+        entries = [orjson.loads(line) for line in lines]
+    columns, _ = parse_training_entries(entries, now_s=time.time())
+    n = len(entries)
+    stamps = time.time() - n * 0.1 + np.arange(n) * 0.1  # file order is time
+    predicted = {"ttft": np.zeros(n), "tpot": np.zeros(n)}
+    trained = {"ttft": np.zeros(n, dtype=bool), "tpot": np.zeros(n, dtype=bool)}
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = TrainingSettings(data_dir=Path(tmp), quantile=q, calibration_publish_interval_s=0)
+        store = ModelStore(settings.store_dir)
+        publish_prior(store, q)
+        live = LiveScorer(
+            store, settings, TrainingMetrics(CollectorRegistry()), lambda e: None, lambda m: None
+        )
+        trainer = Trainer(store, settings, live.offsets_for)
+        window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
+        live.set_current(store.load().manifest)
+        predictor = Predictor.from_model_set(store.load())
+        since = 0
+        for lo in range(0, n, chunk):
+            hi = min(n, lo + chunk)
+            part = {k: v[lo:hi] for k, v in columns.items()}
+            predicted["ttft"][lo:hi], predicted["tpot"][lo:hi] = predictor.predict(build_features(part))
+            for name in predicted:
+                trained[name][lo:hi] = predictor.manifest.model_kind(name) != "prior"
+            window.insert(part, stamps[lo:hi])
+            live.process(part, stamps[lo:hi])
+            changed = live.maybe_publish() is not None
+            since += hi - lo
+            if since >= retrain_every:
+                since = 0
+                if (
+                    trainer.run(window.snapshot(settings.max_train_samples), stamps[hi - 1]).outcome
+                    == "published"
+                ):
+                    live.set_current(store.load().manifest)
+                    changed = True
+            if changed:
+                predictor = Predictor.from_model_set(store.load())
+    result: dict[str, Any] = {}
+    bounds = [*stages, n]
+    for name in predicted:
+        actual = columns[f"actual_{name}_ms"]
+        rows = (actual > 0) & trained[name]
+        covered = actual <= predicted[name]
+        cells = {"rows": int(rows.sum()), "coverage": float(covered[rows].mean()) if rows.any() else None}
+        for s in range(len(stages)):
+            m = rows & (np.arange(n) >= bounds[s]) & (np.arange(n) < bounds[s + 1])
+            if m.sum() >= 30:
+                ratio = float(np.median(np.log(predicted[name][m] / actual[m])))
+                cells[f"stage {s + 1}"] = {
+                    "rows": int(m.sum()),
+                    "coverage": float(covered[m].mean()),
+                    "log_ratio": ratio,
+                }
+        result[name] = cells
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--code", type=Path, default=REPO, help="checkout whose training/prediction code runs"
+    )
+    parser.add_argument(
+        "--traces-dir", type=Path, default=REPO.parent / "shared" / "data" / "llmd-h200-traces"
+    )
+    parser.add_argument("--traces", nargs="+", default=list(STAGES))
+    parser.add_argument("--chunk", type=int, default=10)
+    parser.add_argument("--retrain-every", type=int, default=200)
+    parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    report: dict[str, Any] = {}
+    for trace in args.traces:
+        r = report[trace] = replay(
+            args.code.resolve(),
+            args.traces_dir / f"{trace}.jsonl.xz",
+            STAGES[trace],
+            args.chunk,
+            args.retrain_every,
+            args.quantile,
+        )
+        for name, cells in r.items():
+            stages = " ".join(
+                f"{k}: {v['coverage']:.3f} (n={v['rows']}, {v['log_ratio']:+.3f})"
+                for k, v in cells.items()
+                if k.startswith("stage")
+            )
+            print(
+                f"{trace} {name.upper()} coverage {cells['coverage']:.3f} (n={cells['rows']}); {stages}",
+                flush=True,
+            )
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
