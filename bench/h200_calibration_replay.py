@@ -16,7 +16,6 @@ load stage, with each stage's median log ratio of prediction to actual (over-pre
 from __future__ import annotations
 
 import argparse
-import lzma
 import sys
 import tempfile
 import time
@@ -27,20 +26,12 @@ import numpy as np
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
-# stage starts (entry indices) as bench/accuracy_trace.py finds them for these traces
-STAGES = {
-    "sharegpt-h200": [0, 118, 434, 1100, 1585],
-    "chatbot-synthetic-h200": [0, 174, 240, 720, 1680],
-    "bimodal-h200": [0, 86, 286, 758, 1825],
-}
 
 
-def replay(
-    code: Path, trace: Path, stages: list[int], chunk: int, retrain_every: int, q: float
-) -> dict[str, Any]:
-    sys.path.insert(0, str(code))
+def replay(name: str, directory: Path, chunk: int, retrain_every: int, q: float) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry
 
+    from bench.accuracy_trace import load_trace, recover_stages
     from prediction_server.predictor import Predictor
     from shared.artifacts import ModelStore
     from shared.features import build_features
@@ -52,8 +43,9 @@ def replay(
     from training_server.trainer import Trainer
     from training_server.window import StratifiedWindow
 
-    with lzma.open(trace, "rt") as lines:
-        entries = [orjson.loads(line) for line in lines]
+    trace = load_trace(name, directory)
+    entries = trace.entries
+    stages = recover_stages(trace.load(), trace.rates_qps, trace.durations_s)
     columns, _ = parse_training_entries(entries, now_s=time.time())
     n = len(entries)
     stamps = time.time() - n * 0.1 + np.arange(n) * 0.1  # file order is time
@@ -116,25 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--code", type=Path, default=REPO, help="checkout whose training/prediction code runs"
     )
-    parser.add_argument(
-        "--traces-dir", type=Path, default=REPO.parent / "shared" / "data" / "llmd-h200-traces"
-    )
-    parser.add_argument("--traces", nargs="+", default=list(STAGES))
+    parser.add_argument("--traces-dir", type=Path, help="default: bench.accuracy_trace.DEFAULT_DIR")
+    parser.add_argument("--traces", nargs="+", help="default: bench.accuracy_trace.TRACES")
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--retrain-every", type=int, default=200)
     parser.add_argument("--quantile", type=float, default=0.9)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    # its services (and bench) shadow this checkout's: nothing of either is imported before this
+    sys.path[:0] = [str(args.code.resolve()), str(REPO)]
+    from bench.accuracy_trace import DEFAULT_DIR, TRACES
+
+    directory = args.traces_dir or DEFAULT_DIR
     report: dict[str, Any] = {}
-    for trace in args.traces:
-        r = report[trace] = replay(
-            args.code.resolve(),
-            args.traces_dir / f"{trace}.jsonl.xz",
-            STAGES[trace],
-            args.chunk,
-            args.retrain_every,
-            args.quantile,
-        )
+    for trace in args.traces or TRACES:
+        r = report[trace] = replay(trace, directory, args.chunk, args.retrain_every, args.quantile)
         for name, cells in r.items():
             stages = " ".join(
                 f"{k}: {v['coverage']:.3f} (n={v['rows']}, {v['log_ratio']:+.3f})"
