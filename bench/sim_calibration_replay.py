@@ -1,0 +1,314 @@
+"""In-process replay of the simulator's step-change scenarios through the real Trainer and LiveScorer.
+
+A development check for the online calibration and the models, minutes cheaper than
+``bench/accuracy_evidence.py`` (which replays the same scenarios through real servers over HTTP
+at 5 simulated s per wall s): the scenarios of ``bench.accuracy_steps`` are run on the simulator
+as fast as the CPU allows, on a *simulated* clock. At each arrival the routed pod's row is
+predicted by the serving path (``prediction_server.predictor.Predictor`` on the version the
+replicas would serve then, regime offsets included); the request is routed at random; completions
+are flushed every simulated second (both targets at completion, or with ``--feedback first-token``
+a TTFT-only sample at the first token), into the window and the training server's own live scorer.
+
+What the services do in wall time is mapped onto the simulated clock with ``--speed`` (simulated s
+per wall s, the evidence run's pace): the live scorer's clock (its publish interval, the version
+history it scores each sample against, drift) runs at simulated time / speed; a retrain starts as
+the service's scheduler would start it (enough new samples and the 1 s gap, or 10 s with any new
+sample, both in wall time), on the window as it is then, and its version reaches the predictor its
+measured duration x speed later (plus ``--pickup-s`` wall seconds, the replicas' store watch). The
+trainer's run is measured here, on an otherwise idle process: a busier machine would make every
+model staler than this.
+
+Reported per scenario, seed and model, from the same summaries and checks as the evidence
+(``bench.accuracy_targets``): coverage overall, queued coverage, worst stage, recovery after each
+step, targets met (without the pinball ratios: no naive baseline runs here).
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/sim_calibration_replay.py [--code CHECKOUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+EPOCH = 1.7e9  # the simulated clock's epoch (s): samples' timestamps are EPOCH + simulated time
+
+
+class SimClock:
+    """``time``-like clock for the live scorer: epoch seconds and a monotonic clock, both simulated."""
+
+    def __init__(self, speed: float) -> None:
+        self.now_s, self.speed = 0.0, speed
+
+    def time(self) -> float:
+        return EPOCH + self.now_s
+
+    def monotonic(self) -> float:
+        return self.now_s / self.speed  # the live scorer's intervals are wall seconds
+
+
+def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    import random
+
+    from prometheus_client import CollectorRegistry
+
+    import training_server.live_scoring as live_scoring
+    from bench.accuracy_evidence import sim_streams
+    from bench.accuracy_replay import ReplayConfig, ReplayResult
+    from bench.accuracy_targets import judge, summarise_stream
+    from prediction_server.predictor import Predictor
+    from shared.artifacts import MODEL_NAMES, ModelStore
+    from shared.features import build_features
+    from shared.prior import publish_prior
+    from shared.schemas import parse_rows, parse_training_entries
+    from training_server.config import TrainingSettings
+    from training_server.metrics import TrainingMetrics
+    from training_server.trainer import Trainer
+    from training_server.window import StratifiedWindow
+
+    clock = SimClock(args.speed)
+    live_scoring.time = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)  # type: ignore[attr-defined]
+    cluster = scenario.cluster(seed)
+    streaming = args.feedback == "first-token"
+    if streaming:
+        cluster.record_first_tokens()
+    rng = random.Random(seed)
+    result = ReplayResult(ReplayConfig(pods=scenario.pods, duration_s=scenario.duration_s, seed=seed))
+    pending_events = sorted(scenario.events(), key=lambda e: e[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = TrainingSettings(data_dir=Path(tmp), quantile=args.quantile)
+        store = ModelStore(settings.store_dir)
+        publish_prior(store, args.quantile)
+        live = live_scoring.LiveScorer(
+            store, settings, TrainingMetrics(CollectorRegistry()), lambda e: None, lambda m: None
+        )
+        trainer = Trainer(store, settings, live.offsets_for)
+        window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
+        live.set_current(store.load().manifest)
+        predictor = Predictor.from_model_set(store.load())
+        arrivals: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush
+        asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
+        buffer: list[dict[str, Any]] = []
+        swaps: list[tuple[float, str]] = []  # (simulated time, version) the replicas switch to
+        retrain: dict[str, float] = {"busy_until": -1.0, "last_start": -1e9, "anchor": 0.0, "new": 0.0}
+        runs = {"published": 0, "total": 0, "train_s": 0.0}
+
+        def swap_due(t: float) -> None:
+            nonlocal predictor
+            due = [v for at, v in swaps if at <= t]
+            if due:
+                swaps[:] = [(at, v) for at, v in swaps if at > t]
+                predictor = Predictor.from_model_set(store.load(due[-1]))
+
+        def predict_routed() -> None:
+            if not arrivals:
+                return
+            features = build_features(parse_rows([row for _, row in arrivals]))
+            ttft, tpot = predictor.predict(features)
+            kinds = {m: predictor.manifest.model_kind(m) for m in MODEL_NAMES}
+            for k, (rid, _) in enumerate(arrivals):
+                asked[rid] = (float(ttft[k]), float(tpot[k]), predictor.manifest.version, kinds)
+            arrivals.clear()
+
+        def sample(features: dict[str, Any], ttft: float, tpot: float) -> None:
+            buffer.append({**features, "actual_ttft_ms": ttft, "actual_tpot_ms": tpot})
+
+        def complete(done: list[Any]) -> None:
+            if any(c.request.request_id not in asked for c in done):
+                predict_routed()  # routed since the last flush, by the version serving then
+            if streaming:
+                for f in cluster.take_first_tokens():
+                    sample(f.features, f.ttft_ms, 0.0)
+            for c in done:
+                ttft, tpot, version, kinds = asked.pop(c.request.request_id)
+                result.rows.append(c.features)
+                result.predicted_ttft_ms.append(ttft)
+                result.predicted_tpot_ms.append(tpot)
+                result.actual_ttft_ms.append(c.ttft_ms)
+                result.actual_tpot_ms.append(c.tpot_ms)
+                result.versions.append(version)
+                for m in MODEL_NAMES:
+                    result.kinds[m].append(kinds[m])
+                result.routed_at_s.append(c.routed_at_s)
+                if not streaming:
+                    sample(c.features, c.ttft_ms, c.tpot_ms)
+                elif c.tpot_ms > 0:
+                    sample(c.features, 0.0, c.tpot_ms)
+
+        def flush(t: float) -> None:
+            clock.now_s = t
+            predict_routed()
+            if held:  # arrival feedback: this second's requests, predicted above, go out now
+                complete(held)
+                held.clear()
+            swap_due(t)
+            if buffer:
+                columns, _ = parse_training_entries(buffer, now_s=clock.time())
+                stamps = np.full(len(buffer), clock.time())
+                window.insert(columns, stamps)
+                live.process(columns, stamps)
+                retrain["new"] += len(buffer)
+                buffer.clear()
+            published = live.maybe_publish()
+            if published is not None:
+                swaps.append((t + args.pickup_s * args.speed, published.version))
+            if t < retrain["busy_until"]:
+                return
+            wall = t / args.speed
+            due = retrain["new"] >= max(settings.min_new_samples, settings.min_new_fraction * window.size)
+            gap_ok = wall - retrain["last_start"] >= settings.retrain_min_gap_s
+            interval = retrain["new"] > 0 and wall - retrain["anchor"] >= settings.retrain_interval_s
+            if not ((due and gap_ok) or interval):
+                return
+            retrain["last_start"] = retrain["anchor"] = wall
+            retrain["new"] = 0
+            started = time.perf_counter()
+            outcome = trainer.run(window.snapshot(settings.max_train_samples), clock.time(), window.size)
+            took = time.perf_counter() - started
+            runs["total"] += 1
+            runs["train_s"] += took
+            # The version exists from now on, but the service publishes it only once the run is
+            # over (simulated: its duration x speed), and the replicas pick it up after that.
+            retrain["busy_until"] = t + took * args.speed
+            if outcome.outcome == "published" and outcome.version is not None:
+                runs["published"] += 1
+                live.set_current(store.load(outcome.version).manifest)
+                swaps.append((retrain["busy_until"] + args.pickup_s * args.speed, outcome.version))
+
+        held: list[Any] = []
+        next_flush = 1.0
+        if args.feedback == "arrival":
+            # Simulated first (the routing is random, so it does not depend on the predictions),
+            # then replayed in arrival order, each request's sample sent at the flush after it was
+            # predicted: the protocol of a replay of recorded requests (and of the trace replays).
+            done = []
+            for req in scenario.requests(seed):
+                while pending_events and pending_events[0][0] <= req.arrival_s:
+                    at_s, action = pending_events.pop(0)
+                    done += cluster.advance_to(at_s)
+                    action(cluster)
+                done += cluster.advance_to(req.arrival_s)
+                cluster.route(req, rng.randrange(len(cluster.pods)))
+            done += cluster.drain()
+            done.sort(key=lambda c: (c.routed_at_s, c.request.request_id))
+            for c in done:
+                while next_flush <= c.routed_at_s:
+                    flush(next_flush)
+                    next_flush += 1.0
+                arrivals.append((c.request.request_id, c.features))
+                held.append(c)
+            flush(next_flush)
+            result.sim_s = next_flush
+        for req in scenario.requests(seed) if args.feedback != "arrival" else ():
+            while pending_events and pending_events[0][0] <= req.arrival_s:
+                at_s, action = pending_events.pop(0)
+                complete(cluster.advance_to(at_s))
+                action(cluster)
+            while next_flush <= req.arrival_s:
+                complete(cluster.advance_to(next_flush))
+                flush(next_flush)
+                next_flush += 1.0
+            complete(cluster.advance_to(req.arrival_s))
+            rows = cluster.candidate_rows(req)
+            pod = rng.randrange(len(rows))
+            arrivals.append((req.request_id, rows[pod]))
+            cluster.route(req, pod)
+        if args.feedback != "arrival":
+            result.sim_s = cluster.now_s
+            complete(cluster.drain())
+    result.naive_ttft_ms = result.naive_tpot_ms = [float("nan")] * len(result.rows)  # no baseline here
+    streams = sim_streams(result, scenario)
+    steps = scenario.steps()
+    out: dict[str, Any] = {"retrains": runs}
+    for m in MODEL_NAMES:
+        summary = summarise_stream(streams[m], args.quantile, steps)
+        checks = [c for c in judge(summary, args.quantile) if "naive" not in c["target"]]
+        out[m] = {"summary": summary, "checks": checks, "timeline": timeline(streams[m])}
+    return out
+
+
+def timeline(s: Any, width_s: float = 10.0) -> list[dict[str, float]]:
+    """Coverage and median log(predicted / actual) of the trained-model requests per ``width_s``
+    of routing time."""
+    t = s.time_s[s.trained]
+    covered = (s.actual <= s.predicted)[s.trained]
+    ratio = np.log(np.maximum(s.predicted, 1e-9) / s.actual)[s.trained]
+    out = []
+    for lo in np.arange(0.0, float(t.max(initial=0.0)) + width_s, width_s):
+        m = (t >= lo) & (t < lo + width_s)
+        if m.sum() >= 10:
+            out.append(
+                {
+                    "t": float(lo),
+                    "n": int(m.sum()),
+                    "coverage": float(covered[m].mean()),
+                    "log_ratio": float(np.median(ratio[m])),
+                }
+            )
+    return out
+
+
+def describe(name: str, model: str, r: dict[str, Any]) -> str:
+    s, checks = r["summary"], r["checks"]
+    queued = s["regime"].get("waiting>0", {})
+    stages = " ".join(f"{k.split(':')[0]}:{v['coverage']:.3f}" for k, v in sorted(s["stage"].items()))
+    recovery = " ".join(str(step["recovery_s"]) for step in s["steps"])
+    met = sum(bool(c["pass"]) for c in checks)
+    return (
+        f"{name} {model.upper()} coverage {s['overall']['coverage']:.3f} queued "
+        f"{queued.get('coverage', float('nan')):.3f} (n={queued.get('samples', 0)}) stages {stages} "
+        f"recovery {recovery} met {met}/{len(checks)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--code", type=Path, default=REPO, help="checkout whose training/prediction code runs"
+    )
+    parser.add_argument("--scenarios", nargs="+", help="default: all of bench.accuracy_steps")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s of the services")
+    parser.add_argument("--pickup-s", type=float, default=0.2, help="wall s until replicas serve a version")
+    parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
+    parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    # its services (and bench) shadow this checkout's: nothing of either is imported before this
+    sys.path[:0] = [str(args.code.resolve()), str(REPO)]
+    from bench.accuracy_steps import scenarios
+
+    report: dict[str, Any] = {}
+    for scenario in scenarios():
+        if args.scenarios and scenario.name not in args.scenarios:
+            continue
+        for seed in args.seeds:
+            name = f"{scenario.name} seed {seed}"
+            r = report[name] = replay(scenario, seed, args)
+            for model in ("ttft", "tpot"):
+                print(describe(name, model, r[model]), flush=True)
+                if args.timeline:
+                    print(
+                        "  "
+                        + " ".join(
+                            f"{w['t']:g}:{w['coverage']:.2f}/{w['log_ratio']:+.2f}"
+                            for w in r[model]["timeline"]
+                        ),
+                        flush=True,
+                    )
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
