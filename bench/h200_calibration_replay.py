@@ -7,10 +7,13 @@ on the store's current version, regime offsets included) before its samples go t
 to the training server's own live scorer (``training_server.live_scoring.LiveScorer``: the online
 calibration, publishing calibration versions with no minimum interval); the trainer retrains after
 every ``--retrain-every`` entries with the live scorer's offsets, as the service does. Requests a
-model answered with the prior's trees are left out. Per trace and model: coverage overall and per
-load stage, with each stage's median log ratio of prediction to actual (over-prediction > 0).
+model answered with the prior's trees are left out. Per trace and model: coverage and pinball
+overall, coverage per load stage with each stage's median log ratio of prediction to actual
+(over-prediction > 0). ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field, e.g. the
+model structure (``work_baseline=false``, ``monotone_constraints=false``: trees only) or
+``live_scoring=false`` (no online calibration).
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/h200_calibration_replay.py [--code CHECKOUT]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/h200_calibration_replay.py [--code CHECKOUT] [--setting K=V]
 """
 
 from __future__ import annotations
@@ -28,20 +31,13 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 
 
-def replay(name: str, directory: Path, chunk: int, retrain_every: int, q: float) -> dict[str, Any]:
-    from prometheus_client import CollectorRegistry
-
+def replay(
+    name: str, directory: Path, chunk: int, retrain_every: int, q: float, overrides: dict[str, Any]
+) -> dict[str, Any]:
     from bench.accuracy_trace import load_trace, recover_stages
-    from prediction_server.predictor import Predictor
-    from shared.artifacts import ModelStore
+    from bench.inprocess_training import InProcessTraining
     from shared.features import build_features
-    from shared.prior import publish_prior
     from shared.schemas import parse_training_entries
-    from training_server.config import TrainingSettings
-    from training_server.live_scoring import LiveScorer
-    from training_server.metrics import TrainingMetrics
-    from training_server.trainer import Trainer
-    from training_server.window import StratifiedWindow
 
     trace = load_trace(name, directory)
     entries = trace.entries
@@ -52,16 +48,8 @@ def replay(name: str, directory: Path, chunk: int, retrain_every: int, q: float)
     predicted = {"ttft": np.zeros(n), "tpot": np.zeros(n)}
     trained = {"ttft": np.zeros(n, dtype=bool), "tpot": np.zeros(n, dtype=bool)}
     with tempfile.TemporaryDirectory() as tmp:
-        settings = TrainingSettings(data_dir=Path(tmp), quantile=q, calibration_publish_interval_s=0)
-        store = ModelStore(settings.store_dir)
-        publish_prior(store, q)
-        live = LiveScorer(
-            store, settings, TrainingMetrics(CollectorRegistry()), lambda e: None, lambda m: None
-        )
-        trainer = Trainer(store, settings, live.offsets_for)
-        window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
-        live.set_current(store.load().manifest)
-        predictor = Predictor.from_model_set(store.load())
+        training = InProcessTraining(Path(tmp), q, calibration_publish_interval_s=0, **overrides)
+        predictor = training.predictor()
         since = 0
         for lo in range(0, n, chunk):
             hi = min(n, lo + chunk)
@@ -69,27 +57,26 @@ def replay(name: str, directory: Path, chunk: int, retrain_every: int, q: float)
             predicted["ttft"][lo:hi], predicted["tpot"][lo:hi] = predictor.predict(build_features(part))
             for name in predicted:
                 trained[name][lo:hi] = predictor.manifest.model_kind(name) != "prior"
-            window.insert(part, stamps[lo:hi])
-            live.process(part, stamps[lo:hi])
-            changed = live.maybe_publish() is not None
+            training.ingest(part, stamps[lo:hi])
+            changed = training.publish_calibration() is not None
             since += hi - lo
             if since >= retrain_every:
                 since = 0
-                if (
-                    trainer.run(window.snapshot(settings.max_train_samples), stamps[hi - 1]).outcome
-                    == "published"
-                ):
-                    live.set_current(store.load().manifest)
-                    changed = True
+                changed |= training.retrain(stamps[hi - 1]).outcome == "published"
             if changed:
-                predictor = Predictor.from_model_set(store.load())
+                predictor = training.predictor()
     result: dict[str, Any] = {}
     bounds = [*stages, n]
     for name in predicted:
         actual = columns[f"actual_{name}_ms"]
         rows = (actual > 0) & trained[name]
         covered = actual <= predicted[name]
-        cells = {"rows": int(rows.sum()), "coverage": float(covered[rows].mean()) if rows.any() else None}
+        diff = actual[rows] - predicted[name][rows]
+        cells: dict[str, Any] = {
+            "rows": int(rows.sum()),
+            "coverage": float(covered[rows].mean()) if rows.any() else None,
+            "pinball_ms": float(np.mean(np.maximum(q * diff, (q - 1) * diff))) if rows.any() else None,
+        }
         for s in range(len(stages)):
             m = rows & (np.arange(n) >= bounds[s]) & (np.arange(n) < bounds[s + 1])
             if m.sum() >= 30:
@@ -113,16 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--retrain-every", type=int, default=200)
     parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a TrainingSettings field, e.g. work_baseline=false, live_scoring=false (repeatable)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     # its services (and bench) shadow this checkout's: nothing of either is imported before this
     sys.path[:0] = [str(args.code.resolve()), str(REPO)]
     from bench.accuracy_trace import DEFAULT_DIR, TRACES
+    from bench.inprocess_training import parse_settings
+
+    overrides = parse_settings(args.setting)
 
     directory = args.traces_dir or DEFAULT_DIR
     report: dict[str, Any] = {}
     for trace in args.traces or TRACES:
-        r = report[trace] = replay(trace, directory, args.chunk, args.retrain_every, args.quantile)
+        r = report[trace] = replay(trace, directory, args.chunk, args.retrain_every, args.quantile, overrides)
         for name, cells in r.items():
             stages = " ".join(
                 f"{k}: {v['coverage']:.3f} (n={v['rows']}, {v['log_ratio']:+.3f})"
@@ -130,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                 if k.startswith("stage")
             )
             print(
-                f"{trace} {name.upper()} coverage {cells['coverage']:.3f} (n={cells['rows']}); {stages}",
+                f"{trace} {name.upper()} coverage {cells['coverage']:.3f} (n={cells['rows']}), "
+                f"pinball {cells['pinball_ms']:.2f} ms; {stages}",
                 flush=True,
             )
     if args.json is not None:

@@ -14,9 +14,11 @@ per wall s, the evidence run's pace): the live scorer's clock (its publish inter
 history it scores each sample against, drift) runs at simulated time / speed; a retrain starts as
 the service's scheduler would start it (enough new samples and the 1 s gap, or 10 s with any new
 sample, both in wall time), on the window as it is then, and its version reaches the predictor its
-measured duration x speed later (plus ``--pickup-s`` wall seconds, the replicas' store watch). The
-trainer's run is measured here, on an otherwise idle process: a busier machine would make every
-model staler than this.
+measured duration x speed later (plus ``--pickup-s`` wall seconds, the replicas' store watch); the
+live scorer takes it as current at once (a simplification: samples routed during the run are
+scored against it). ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field. The trainer's
+run is measured here, on an otherwise idle process: a busier machine would make every model
+staler than this.
 
 Reported per scenario, seed and model, from the same summaries and checks as the evidence
 (``bench.accuracy_targets``): coverage overall, queued coverage, worst stage, recovery after each
@@ -58,21 +60,14 @@ class SimClock:
 def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     import random
 
-    from prometheus_client import CollectorRegistry
-
     import training_server.live_scoring as live_scoring
     from bench.accuracy_evidence import sim_streams
     from bench.accuracy_replay import ReplayConfig, ReplayResult
     from bench.accuracy_targets import judge, summarise_stream
-    from prediction_server.predictor import Predictor
-    from shared.artifacts import MODEL_NAMES, ModelStore
+    from bench.inprocess_training import InProcessTraining
+    from shared.artifacts import MODEL_NAMES
     from shared.features import build_features
-    from shared.prior import publish_prior
     from shared.schemas import parse_rows, parse_training_entries
-    from training_server.config import TrainingSettings
-    from training_server.metrics import TrainingMetrics
-    from training_server.trainer import Trainer
-    from training_server.window import StratifiedWindow
 
     clock = SimClock(args.speed)
     live_scoring.time = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)  # type: ignore[attr-defined]
@@ -84,16 +79,9 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     result = ReplayResult(ReplayConfig(pods=scenario.pods, duration_s=scenario.duration_s, seed=seed))
     pending_events = sorted(scenario.events(), key=lambda e: e[0])
     with tempfile.TemporaryDirectory() as tmp:
-        settings = TrainingSettings(data_dir=Path(tmp), quantile=args.quantile)
-        store = ModelStore(settings.store_dir)
-        publish_prior(store, args.quantile)
-        live = live_scoring.LiveScorer(
-            store, settings, TrainingMetrics(CollectorRegistry()), lambda e: None, lambda m: None
-        )
-        trainer = Trainer(store, settings, live.offsets_for)
-        window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
-        live.set_current(store.load().manifest)
-        predictor = Predictor.from_model_set(store.load())
+        training = InProcessTraining(Path(tmp), args.quantile, **args.overrides)
+        settings, window = training.settings, training.window
+        predictor = training.predictor()
         arrivals: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush
         asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
         buffer: list[dict[str, Any]] = []
@@ -106,7 +94,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             due = [v for at, v in swaps if at <= t]
             if due:
                 swaps[:] = [(at, v) for at, v in swaps if at > t]
-                predictor = Predictor.from_model_set(store.load(due[-1]))
+                predictor = training.predictor(due[-1])
 
         def predict_routed() -> None:
             if not arrivals:
@@ -153,11 +141,10 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             if buffer:
                 columns, _ = parse_training_entries(buffer, now_s=clock.time())
                 stamps = np.full(len(buffer), clock.time())
-                window.insert(columns, stamps)
-                live.process(columns, stamps)
+                training.ingest(columns, stamps)
                 retrain["new"] += len(buffer)
                 buffer.clear()
-            published = live.maybe_publish()
+            published = training.publish_calibration()
             if published is not None:
                 swaps.append((t + args.pickup_s * args.speed, published.version))
             if t < retrain["busy_until"]:
@@ -171,7 +158,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             retrain["last_start"] = retrain["anchor"] = wall
             retrain["new"] = 0
             started = time.perf_counter()
-            outcome = trainer.run(window.snapshot(settings.max_train_samples), clock.time(), window.size)
+            outcome = training.retrain(clock.time())
             took = time.perf_counter() - started
             runs["total"] += 1
             runs["train_s"] += took
@@ -180,7 +167,6 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             retrain["busy_until"] = t + took * args.speed
             if outcome.outcome == "published" and outcome.version is not None:
                 runs["published"] += 1
-                live.set_current(store.load(outcome.version).manifest)
                 swaps.append((retrain["busy_until"] + args.pickup_s * args.speed, outcome.version))
 
         held: list[Any] = []
@@ -231,7 +217,13 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     for m in MODEL_NAMES:
         summary = summarise_stream(streams[m], args.quantile, steps)
         checks = [c for c in judge(summary, args.quantile) if "naive" not in c["target"]]
-        out[m] = {"summary": summary, "checks": checks, "timeline": timeline(streams[m])}
+        queued = streams[m].subset(streams[m].waiting > 0)
+        out[m] = {
+            "summary": summary,
+            "checks": checks,
+            "timeline": timeline(streams[m]),
+            "timeline_queued": timeline(queued),
+        }
     return out
 
 
@@ -280,12 +272,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pickup-s", type=float, default=0.2, help="wall s until replicas serve a version")
     parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
     parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a TrainingSettings field, e.g. calibration_step_ttft=0.1 (repeatable)",
+    )
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     # its services (and bench) shadow this checkout's: nothing of either is imported before this
     sys.path[:0] = [str(args.code.resolve()), str(REPO)]
     from bench.accuracy_steps import scenarios
+    from bench.inprocess_training import parse_settings
+
+    args.overrides = parse_settings(args.setting)
 
     report: dict[str, Any] = {}
     for scenario in scenarios():
@@ -297,14 +299,12 @@ def main(argv: list[str] | None = None) -> int:
             for model in ("ttft", "tpot"):
                 print(describe(name, model, r[model]), flush=True)
                 if args.timeline:
-                    print(
-                        "  "
-                        + " ".join(
-                            f"{w['t']:g}:{w['coverage']:.2f}/{w['log_ratio']:+.2f}"
-                            for w in r[model]["timeline"]
-                        ),
-                        flush=True,
-                    )
+                    for key in ("timeline", "timeline_queued"):
+                        windows = r[model][key]
+                        cells = " ".join(
+                            f"{w['t']:g}:{w['coverage']:.2f}/{w['log_ratio']:+.2f}" for w in windows
+                        )
+                        print(f"  {key.replace('timeline', 'all').replace('all_', '')}: {cells}", flush=True)
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0
