@@ -44,6 +44,9 @@ def markdown(
         + (
             "as llm-d's EPP streams: TTFT at the first token, TPOT at completion."
             if args.feedback == "first-token"
+            else "right after their prediction (simulated first, replayed in arrival order: a replay of "
+            "recorded requests)."
+            if args.feedback == "arrival"
             else "once it completed (TTFT and TPOT together)."
         ),
         "",

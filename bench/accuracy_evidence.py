@@ -210,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--feedback",
-        choices=("completion", "first-token"),
+        choices=("completion", "first-token", "arrival"),
         default="completion",
-        help="simulator: post both targets at completion, or TTFT at the first token (llm-d's EPP)",
+        help="simulator: post both targets at completion, or TTFT at the first token (llm-d's EPP), "
+        "or (arrival) simulate first and post each request's samples right after its prediction",
     )
     parser.add_argument("--label", default="", help="what was measured (e.g. 'main at abc123')")
     parser.add_argument("--block", default="", help="name of the generated block and figure suffix")

@@ -11,7 +11,11 @@ made before its own sample, or any sample completed after its routing, was sent.
 ``feedback="first-token"`` a request's TTFT goes out as a TTFT-only sample (``actual_tpot_ms``
 0) at the flush after its first token, and its TPOT as a TPOT-only sample after it completed: the
 way llm-d's EPP reports while it streams the response, so a TTFT is learned one request duration
-sooner.
+sooner. With ``feedback="arrival"`` the workload is simulated first (the routing does not depend
+on the answers) and then replayed in arrival order, each request's sample posted at the first
+flush after its prediction, with its actual latencies: the protocol of a replay of recorded
+requests (and of ``bench.accuracy_trace``'s), where the outcome of every request is known as soon
+as it was predicted.
 
 ``speed`` caps simulated seconds per wall second, which fixes how stale a model is (in simulated
 time) while a retrain runs; the training server's retrain triggers are set by the caller.
@@ -46,7 +50,8 @@ if TYPE_CHECKING:
 Routing = Literal["random", "round-robin"]
 # When a request's samples are posted: both targets once it completed, or (as llm-d's EPP does
 # while it streams the response) a TTFT-only sample at its first token and a TPOT-only one at the end.
-Feedback = Literal["completion", "first-token"]
+# Or, replaying a simulated record in arrival order, both at once right after the prediction.
+Feedback = Literal["completion", "first-token", "arrival"]
 MAX_BATCH = 1000  # the training API's per-call flush size
 
 
@@ -174,6 +179,25 @@ def replay_stream(
 
         started = time.monotonic()
         next_flush_s = cfg.flush_every_s
+        if cfg.feedback == "arrival":
+            for c, rows in simulate_first(requests, cluster, choose, pending):
+                if cfg.speed > 0:
+                    delay = started + c.routed_at_s / cfg.speed - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                if c.routed_at_s >= next_flush_s:
+                    flush()
+                    next_flush_s = (c.routed_at_s // cfg.flush_every_s + 1) * cfg.flush_every_s
+                rid = c.request.request_id
+                if baseline is not None:
+                    routed.append((rid, c.features))
+                prediction = _predict(client, predict_url, rows, c.pod)
+                result.prediction_calls += 1
+                _record(result, c, prediction)
+                completed.append(rid)
+                sample(c.features, c.ttft_ms, c.tpot_ms, prediction)
+            result.sim_s = cluster.now_s
+            requests = ()
         for req in requests:
             if cfg.speed > 0:
                 delay = started + req.arrival_s / cfg.speed - time.monotonic()
@@ -194,14 +218,38 @@ def replay_stream(
             asked[req.request_id] = _predict(client, predict_url, rows, pod)
             result.prediction_calls += 1
             cluster.route(req, pod)
-        result.sim_s = cluster.now_s
-        complete(cluster.drain())
+        if cfg.feedback != "arrival":
+            result.sim_s = cluster.now_s
+            complete(cluster.drain())
         flush()
         result.wall_s = time.monotonic() - started
     missing = (math.nan, math.nan)
     result.naive_ttft_ms = [naive.get(rid, missing)[0] for rid in completed]
     result.naive_tpot_ms = [naive.get(rid, missing)[1] for rid in completed]
     return result
+
+
+def simulate_first(
+    requests: Iterable[SimRequest],
+    cluster: Cluster,
+    choose: Callable[[SimRequest, list[dict[str, Any]]], int],
+    events: list[Event],
+) -> list[tuple[Completion, list[dict[str, Any]]]]:
+    """Every request routed and run to completion (``events`` applied on the way), then in arrival
+    order, each with every pod's routing-time row."""
+    candidates: dict[int, list[dict[str, Any]]] = {}
+    done: list[Completion] = []
+    for req in requests:
+        while events and events[0][0] <= req.arrival_s:
+            at_s, action = events.pop(0)
+            done += cluster.advance_to(at_s)
+            action(cluster)
+        done += cluster.advance_to(req.arrival_s)
+        rows = candidates[req.request_id] = cluster.candidate_rows(req)
+        cluster.route(req, choose(req, rows))
+    done += cluster.drain()
+    done.sort(key=lambda c: (c.routed_at_s, c.request.request_id))
+    return [(c, candidates.pop(c.request.request_id)) for c in done]
 
 
 def _chooser(routing: Routing, seed: int) -> Callable[[SimRequest, list[dict[str, Any]]], int]:

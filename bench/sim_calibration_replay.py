@@ -62,7 +62,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
 
     import training_server.live_scoring as live_scoring
     from bench.accuracy_evidence import sim_streams
-    from bench.accuracy_replay import ReplayConfig, ReplayResult
+    from bench.accuracy_replay import ReplayConfig, ReplayResult, simulate_first
     from bench.accuracy_targets import judge, summarise_stream
     from bench.inprocess_training import InProcessTraining
     from shared.artifacts import MODEL_NAMES
@@ -175,17 +175,10 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             # Simulated first (the routing is random, so it does not depend on the predictions),
             # then replayed in arrival order, each request's sample sent at the flush after it was
             # predicted: the protocol of a replay of recorded requests (and of the trace replays).
-            done = []
-            for req in scenario.requests(seed):
-                while pending_events and pending_events[0][0] <= req.arrival_s:
-                    at_s, action = pending_events.pop(0)
-                    done += cluster.advance_to(at_s)
-                    action(cluster)
-                done += cluster.advance_to(req.arrival_s)
-                cluster.route(req, rng.randrange(len(cluster.pods)))
-            done += cluster.drain()
-            done.sort(key=lambda c: (c.routed_at_s, c.request.request_id))
-            for c in done:
+            done = simulate_first(
+                scenario.requests(seed), cluster, lambda req, rows: rng.randrange(len(rows)), pending_events
+            )
+            for c, _ in done:
                 while next_flush <= c.routed_at_s:
                     flush(next_flush)
                     next_flush += 1.0

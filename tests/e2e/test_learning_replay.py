@@ -31,12 +31,13 @@ QUANTILE = 0.9
 TRAINING_FLAGS = ["--min-new-samples", "1000", "--retrain-interval-s", "5", "--retrain-min-gap-s", "1"]
 
 
-@pytest.mark.parametrize("feedback", ["completion", "first-token"])
+@pytest.mark.parametrize("feedback", ["completion", "first-token", "arrival"])
 def test_both_models_beat_the_best_constant_on_requests_they_had_not_seen(
     tmp_path: Path, feedback: Feedback
 ) -> None:
-    """Also with llm-d's streaming feedback: a TTFT-only sample at each first token and a
-    TPOT-only one at completion, each sent exactly once."""
+    """Also with llm-d's streaming feedback (a TTFT-only sample at each first token and a
+    TPOT-only one at completion, each sent exactly once), and replaying a simulated record in
+    arrival order (each request's sample right after its prediction)."""
     data_dir, logs = tmp_path / "data", tmp_path / "logs"
     with start_service(
         "training_server", ["--data-dir", str(data_dir), *TRAINING_FLAGS], log_dir=logs
@@ -48,7 +49,9 @@ def test_both_models_beat_the_best_constant_on_requests_they_had_not_seen(
         accepted = get_json(training.url + "/status")["intake"]["accepted_samples"]
     n = len(result.rows)
     with_tpot = int(np.count_nonzero(result.array("actual_tpot_ms") > 0))
-    assert result.samples_sent == accepted == (n if feedback == "completion" else n + with_tpot)
+    assert result.samples_sent == accepted == (n + with_tpot if feedback == "first-token" else n)
+    if feedback == "arrival":  # predicted, and so recorded, in arrival order
+        assert np.all(np.diff(result.array("routed_at_s")) >= 0)
     for model in ("ttft", "tpot"):
         # per model: with streaming feedback TTFT trains before TPOT has samples enough
         trained = result.trained(model)
