@@ -109,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    # its services (and bench) shadow this checkout's: nothing of either is imported before this
-    sys.path[:0] = [str(args.code.resolve()), str(REPO)]
+    sys.path.insert(0, str(REPO))
+    from bench.code_path import use_services_of
+
+    use_services_of(args.code)  # nothing of the services is imported before this
     from bench.accuracy_trace import DEFAULT_DIR, TRACES
     from bench.inprocess_training import parse_settings
 

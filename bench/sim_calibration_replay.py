@@ -275,8 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    # its services (and bench) shadow this checkout's: nothing of either is imported before this
-    sys.path[:0] = [str(args.code.resolve()), str(REPO)]
+    sys.path.insert(0, str(REPO))
+    from bench.code_path import use_services_of
+
+    use_services_of(args.code)  # nothing of the services is imported before this
     from bench.accuracy_steps import scenarios
     from bench.inprocess_training import parse_settings
 
