@@ -21,8 +21,8 @@ run is measured here, on an otherwise idle process: a busier machine would make 
 staler than this.
 
 Reported per scenario, seed and model, from the same summaries and checks as the evidence
-(``bench.accuracy_targets``): coverage overall, queued coverage, worst stage, recovery after each
-step, targets met (without the pinball ratios: no naive baseline runs here).
+(``bench.accuracy_targets``): coverage overall, queued coverage, coverage per stage, recovery after each
+step, pinball, targets met (without the pinball ratios: no naive baseline runs here).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_calibration_replay.py [--code CHECKOUT]
 """
@@ -248,7 +248,8 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
     recovery = " ".join(str(step["recovery_s"]) for step in s["steps"])
     met = sum(bool(c["pass"]) for c in checks)
     return (
-        f"{name} {model.upper()} coverage {s['overall']['coverage']:.3f} queued "
+        f"{name} {model.upper()} coverage {s['overall']['coverage']:.3f} "
+        f"pinball {s['overall']['pinball_ms']:.3g} ms queued "
         f"{queued.get('coverage', float('nan')):.3f} (n={queued.get('samples', 0)}) stages {stages} "
         f"recovery {recovery} met {met}/{len(checks)}"
     )
