@@ -170,7 +170,7 @@ def replay_stream(
             for c in done:
                 rid = c.request.request_id
                 prediction = asked.pop(rid)
-                _record(result, c, prediction)
+                record(result, c, prediction)
                 completed.append(rid)
                 if not streaming:
                     sample(c.features, c.ttft_ms, c.tpot_ms, prediction)
@@ -193,7 +193,7 @@ def replay_stream(
                     routed.append((rid, c.features))
                 prediction = _predict(client, predict_url, rows, c.pod)
                 result.prediction_calls += 1
-                _record(result, c, prediction)
+                record(result, c, prediction)
                 completed.append(rid)
                 sample(c.features, c.ttft_ms, c.tpot_ms, prediction)
             result.sim_s = cluster.now_s
@@ -291,7 +291,8 @@ def _post_samples(client: httpx.Client, url: str, entries: list[dict[str, Any]])
         time.sleep(min(float(response.headers.get("retry-after", "1")), 5.0))
 
 
-def _record(result: ReplayResult, c: Completion, asked: tuple[float, float, str, dict[str, str]]) -> None:
+def record(result: ReplayResult, c: Completion, asked: tuple[float, float, str, dict[str, str]]) -> None:
+    """Append one completed request with ``asked``: its (TTFT, TPOT, version, kinds per model) prediction."""
     ttft, tpot, version, kinds = asked
     result.rows.append(c.features)
     result.predicted_ttft_ms.append(ttft)

@@ -9,9 +9,11 @@ comes from this checkout.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("shared", "training_server", "prediction_server", "coalescer", "stack", "scheduler_client")
@@ -28,3 +30,26 @@ def use_services_of(code: Path) -> None:
                 (links / name).symlink_to(code / name, target_is_directory=True)
         first.insert(0, str(links))
     sys.path[:0] = first
+
+
+def add_arguments(parser: argparse.ArgumentParser, setting_example: str) -> None:
+    """The in-process replays' shared flags: ``--code``, ``--quantile`` and ``--setting``."""
+    parser.add_argument(
+        "--code", type=Path, default=REPO, help="checkout whose training/prediction code runs"
+    )
+    parser.add_argument("--quantile", type=float, default=0.9)
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a TrainingSettings field, e.g. {setting_example} (repeatable)",
+    )
+
+
+def use_services(args: argparse.Namespace) -> dict[str, Any]:
+    """``use_services_of(args.code)``, then ``args.setting`` as ``TrainingSettings`` overrides."""
+    use_services_of(args.code)
+    from bench.inprocess_training import parse_settings
+
+    return parse_settings(args.setting)

@@ -29,6 +29,8 @@ import numpy as np
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.code_path import add_arguments, use_services  # noqa: E402 (no service imported)
 
 
 def replay(
@@ -92,31 +94,15 @@ def replay(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--code", type=Path, default=REPO, help="checkout whose training/prediction code runs"
-    )
     parser.add_argument("--traces-dir", type=Path, help="default: bench.accuracy_trace.DEFAULT_DIR")
     parser.add_argument("--traces", nargs="+", help="default: bench.accuracy_trace.TRACES")
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--retrain-every", type=int, default=200)
-    parser.add_argument("--quantile", type=float, default=0.9)
-    parser.add_argument(
-        "--setting",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a TrainingSettings field, e.g. work_baseline=false, live_scoring=false (repeatable)",
-    )
     parser.add_argument("--json", type=Path)
+    add_arguments(parser, "work_baseline=false, live_scoring=false")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    from bench.code_path import use_services_of
-
-    use_services_of(args.code)  # nothing of the services is imported before this
+    overrides = use_services(args)  # nothing of the services is imported before this
     from bench.accuracy_trace import DEFAULT_DIR, TRACES
-    from bench.inprocess_training import parse_settings
-
-    overrides = parse_settings(args.setting)
 
     directory = args.traces_dir or DEFAULT_DIR
     report: dict[str, Any] = {}

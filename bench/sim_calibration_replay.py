@@ -41,6 +41,9 @@ import numpy as np
 import orjson
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bench.code_path import add_arguments, use_services  # noqa: E402 (no service imported)
+
 EPOCH = 1.7e9  # the simulated clock's epoch (s): samples' timestamps are EPOCH + simulated time
 
 
@@ -62,7 +65,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
 
     import training_server.live_scoring as live_scoring
     from bench.accuracy_evidence import sim_streams
-    from bench.accuracy_replay import ReplayConfig, ReplayResult, simulate_first
+    from bench.accuracy_replay import ReplayConfig, ReplayResult, record, simulate_first
     from bench.accuracy_targets import judge, summarise_stream
     from bench.inprocess_training import InProcessTraining
     from shared.artifacts import MODEL_NAMES
@@ -116,16 +119,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                 for f in cluster.take_first_tokens():
                     sample(f.features, f.ttft_ms, 0.0)
             for c in done:
-                ttft, tpot, version, kinds = asked.pop(c.request.request_id)
-                result.rows.append(c.features)
-                result.predicted_ttft_ms.append(ttft)
-                result.predicted_tpot_ms.append(tpot)
-                result.actual_ttft_ms.append(c.ttft_ms)
-                result.actual_tpot_ms.append(c.tpot_ms)
-                result.versions.append(version)
-                for m in MODEL_NAMES:
-                    result.kinds[m].append(kinds[m])
-                result.routed_at_s.append(c.routed_at_s)
+                record(result, c, asked.pop(c.request.request_id))
                 if not streaming:
                     sample(c.features, c.ttft_ms, c.tpot_ms)
                 elif c.tpot_ms > 0:
@@ -203,7 +197,8 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         if args.feedback != "arrival":
             result.sim_s = cluster.now_s
             complete(cluster.drain())
-    result.naive_ttft_ms = result.naive_tpot_ms = [float("nan")] * len(result.rows)  # no baseline here
+    result.naive_ttft_ms = [float("nan")] * len(result.rows)  # no baseline here
+    result.naive_tpot_ms = list(result.naive_ttft_ms)
     streams = sim_streams(result, scenario)
     steps = scenario.steps()
     out: dict[str, Any] = {"retrains": runs}
@@ -257,33 +252,17 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--code", type=Path, default=REPO, help="checkout whose training/prediction code runs"
-    )
     parser.add_argument("--scenarios", nargs="+", help="default: all of bench.accuracy_steps")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s of the services")
     parser.add_argument("--pickup-s", type=float, default=0.2, help="wall s until replicas serve a version")
     parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
-    parser.add_argument("--quantile", type=float, default=0.9)
-    parser.add_argument(
-        "--setting",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a TrainingSettings field, e.g. calibration_step_ttft=0.1 (repeatable)",
-    )
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
     parser.add_argument("--json", type=Path)
+    add_arguments(parser, "calibration_step_ttft=0.1")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    from bench.code_path import use_services_of
-
-    use_services_of(args.code)  # nothing of the services is imported before this
+    args.overrides = use_services(args)  # nothing of the services is imported before this
     from bench.accuracy_steps import scenarios
-    from bench.inprocess_training import parse_settings
-
-    args.overrides = parse_settings(args.setting)
 
     report: dict[str, Any] = {}
     for scenario in scenarios():
