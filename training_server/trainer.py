@@ -18,7 +18,12 @@ It is calibrated with a conformal offset on the calibration part, each sample we
 recency (``calibration_half_life_s``: the spread-out runs sample every regime, the weights keep
 the offset on the newest residuals after the pool changed), and scored on the held-out part,
 always through ``shared.artifacts.served_latency_ms``, as serving computes it. The current
-published version is scored on the same held-out samples, and the guard
+published version is scored on the same held-out samples, with its own training-time calibration
+but not the online regime offsets published since (``live_scoring``): those were tracked on
+these very samples, so they would score it in sample against a candidate scored out of sample
+(in the simulator's slow-pool replay every retrain of the 90 s after the slowdown was refused:
+the old trees' offsets had caught up with the held-out samples, the candidate's conformal offset
+only partly). The guard
 (``evaluation.compare_paired``) refuses the candidate only when it is worse with confidence. A
 model that cannot be trained or is refused keeps the current one, so a version may update just
 one of the two models.
@@ -31,7 +36,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -252,7 +257,12 @@ class Trainer:
             unseen_since_s=float(snap.column("timestamp")[hold[0]]),
         )
         if current is not None and name in current.boosters:
-            cur_spec = current.manifest.models[name]
+            # Without its online offsets: they were tracked on these very samples (all newer than
+            # the current trees' training), so they would score it in sample against a candidate
+            # scored out of sample, and keep stale trees through a regime change. Each side is
+            # scored with its own training-time calibration; the candidate, once published,
+            # gets its regime offsets from the same newest samples (``offsets_for``).
+            cur_spec = replace(current.manifest.models[name], regime_offsets=None)
             cur_margin = current.boosters[name].inplace_predict(hold_x, predict_type="margin")
             cur_pred = served_latency_ms(cur_margin, hold_x, cur_spec)
             candidate.current_metrics = evaluation.evaluate(

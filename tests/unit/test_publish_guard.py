@@ -1,5 +1,6 @@
 """The publish guard tolerates noise: an equal candidate is published, a worse one refused, and a
-current model the newest traffic shows to be worse is replaced."""
+current model the newest traffic shows to be worse is replaced, also when the online calibration
+has fitted its offsets to the held-out samples."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+import xgboost as xgb
 
-from shared.artifacts import ModelStore
+from shared.artifacts import ModelStore, served_latency_ms
+from shared.features import build_features
 from shared.prior import publish_prior
+from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from training_server import synthetic
 from training_server.config import TrainingSettings
-from training_server.evaluation import compare_paired
+from training_server.evaluation import compare_paired, conformal_offset
 from training_server.trainer import Trainer
 from training_server.window import StratifiedWindow
 
@@ -73,3 +77,53 @@ def test_the_trainer_publishes_an_equally_good_retrain(tmp_path: Path) -> None:
         assert summary["accepted"] and "candidate equal" in summary["reason"], summary
         # Held-out loss a little higher than the current model's: the strict rule refused this.
         assert summary["candidate"]["loss"] > summary["current"]["loss"]
+
+
+def test_the_current_versions_online_offsets_do_not_score_it_in_sample(tmp_path: Path) -> None:
+    """The pool became 1.6x slower 10 minutes ago. The current trees were trained before that; the
+    online calibration has since lifted their offsets to cover exactly the newest samples, which
+    are the guard's held-out samples. Scored with those offsets, in sample, the stale trees tied
+    the retrain here (half their loss without them), and in the simulator's slow-pool replay they
+    beat every retrain for 90 s. The guard scores the current version with its training-time
+    calibration only, whatever offsets it carries."""
+    now = time.time()
+    old = synthetic.samples(8000, np.random.default_rng(31))
+    new = synthetic.samples(4000, np.random.default_rng(32))
+    for target in ("actual_ttft_ms", "actual_tpot_ms"):
+        new[target] = new[target] * 1.6
+    before = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
+    before.insert(old, now - 1800 + np.linspace(0, 1190, 8000))
+    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
+    window.insert(old, now - 1800 + np.linspace(0, 1190, 8000))
+    window.insert(new, now - 600 + np.linspace(0, 590, 4000))
+
+    outcomes = {}
+    for offsets in ("none", "tracked"):
+        settings = TrainingSettings(
+            data_dir=tmp_path / offsets, n_estimators=40, min_train_samples=200, stratum_cap=1_000_000
+        )
+        store = ModelStore(settings.store_dir)
+        publish_prior(store, 0.9)
+        stale = Trainer(store, settings).run(before.snapshot(), now - 600)
+        assert stale.outcome == "published" and stale.version is not None
+        if offsets == "tracked":
+            # What the online calibration converges to: the offset that covers 90 % of the newest
+            # samples (the guard's held-out ones) against the stale trees, in every regime.
+            model_set = store.load(stale.version)
+            tracked = {}
+            for name, target in (("ttft", "actual_ttft_ms"), ("tpot", "actual_tpot_ms")):
+                booster = xgb.Booster(params={"nthread": 1})
+                booster.load_model(bytearray(model_set.files[name]))
+                features = build_features(new)
+                margin = booster.inplace_predict(features, predict_type="margin")
+                served = served_latency_ms(margin, features, model_set.manifest.models[name])
+                offset = conformal_offset(np.log1p(new[target][-2000:]) - np.log1p(served[-2000:]), 0.9)
+                tracked[name] = RegimeOffsets.of(DEFAULT_SCHEME, [offset] * DEFAULT_SCHEME.size)
+            assert store.publish_calibrated(stale.version, tracked, {}) is not None
+        outcomes[offsets] = Trainer(store, settings).run(window.snapshot(), now)
+
+    for name in ("ttft", "tpot"):
+        plain, tracked_run = outcomes["none"].models[name], outcomes["tracked"].models[name]
+        assert tracked_run["current"] == plain["current"], "the online offsets entered the comparison"
+        assert tracked_run["accepted"], tracked_run["reason"]
+    assert outcomes["tracked"].outcome == "published"
