@@ -23,7 +23,8 @@ but not the online regime offsets published since (``live_scoring``): those were
 these very samples, so they would score it in sample against a candidate scored out of sample
 (in the simulator's slow-pool replay every retrain of the 90 s after the slowdown was refused:
 the old trees' offsets had caught up with the held-out samples, the candidate's conformal offset
-only partly). The guard
+only partly). Each side is scored with its own training-time calibration; the candidate, once
+published, gets its regime offsets from the same newest samples (``offsets_for``). The guard
 (``evaluation.compare_paired``) refuses the candidate only when it is worse with confidence. A
 model that cannot be trained or is refused keeps the current one, so a version may update just
 one of the two models.
@@ -257,11 +258,7 @@ class Trainer:
             unseen_since_s=float(snap.column("timestamp")[hold[0]]),
         )
         if current is not None and name in current.boosters:
-            # Without its online offsets: they were tracked on these very samples (all newer than
-            # the current trees' training), so they would score it in sample against a candidate
-            # scored out of sample, and keep stale trees through a regime change. Each side is
-            # scored with its own training-time calibration; the candidate, once published,
-            # gets its regime offsets from the same newest samples (``offsets_for``).
+            # Without its online offsets, tracked on these very samples (see the module docstring).
             cur_spec = replace(current.manifest.models[name], regime_offsets=None)
             cur_margin = current.boosters[name].inplace_predict(hold_x, predict_type="margin")
             cur_pred = served_latency_ms(cur_margin, hold_x, cur_spec)

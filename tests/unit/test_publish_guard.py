@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 
 import numpy as np
-import xgboost as xgb
 
-from shared.artifacts import ModelStore, served_latency_ms
+from prediction_server.predictor import Predictor
+from shared.artifacts import ModelStore
 from shared.features import build_features
 from shared.prior import publish_prior
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from training_server import synthetic
 from training_server.config import TrainingSettings
 from training_server.evaluation import compare_paired, conformal_offset
-from training_server.trainer import Trainer
+from training_server.trainer import TARGETS, Trainer
 from training_server.window import StratifiedWindow
 
 
@@ -109,15 +109,11 @@ def test_the_current_versions_online_offsets_do_not_score_it_in_sample(tmp_path:
         if offsets == "tracked":
             # What the online calibration converges to: the offset that covers 90 % of the newest
             # samples (the guard's held-out ones) against the stale trees, in every regime.
-            model_set = store.load(stale.version)
+            served = Predictor.from_model_set(store.load(stale.version)).predict(build_features(new))
             tracked = {}
-            for name, target in (("ttft", "actual_ttft_ms"), ("tpot", "actual_tpot_ms")):
-                booster = xgb.Booster(params={"nthread": 1})
-                booster.load_model(bytearray(model_set.files[name]))
-                features = build_features(new)
-                margin = booster.inplace_predict(features, predict_type="margin")
-                served = served_latency_ms(margin, features, model_set.manifest.models[name])
-                offset = conformal_offset(np.log1p(new[target][-2000:]) - np.log1p(served[-2000:]), 0.9)
+            for name, predicted in zip(("ttft", "tpot"), served, strict=True):
+                residual = np.log1p(new[TARGETS[name]][-2000:]) - np.log1p(predicted[-2000:])
+                offset = conformal_offset(residual, 0.9)
                 tracked[name] = RegimeOffsets.of(DEFAULT_SCHEME, [offset] * DEFAULT_SCHEME.size)
             assert store.publish_calibrated(stale.version, tracked, {}) is not None
         outcomes[offsets] = Trainer(store, settings).run(window.snapshot(), now)
