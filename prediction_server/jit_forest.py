@@ -293,7 +293,11 @@ def served_plan(specs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
                 # each term's cap (shared.baseline's ``upper``; +inf without one), after the slopes
                 upper = spec.baseline.get("upper") or [np.inf] * len(names)
                 floats.extend(float(np.float32(u)) for u in upper)
+                # each term's scale (its feature's column, -1 for none; then scale_from after the caps)
+                scales = spec.baseline.get("scale_features") or [None] * len(names)
+                floats.extend(float(v) for v in spec.baseline.get("scale_from") or [0.0] * len(names))
                 ints.extend(FEATURE_NAMES.index(name) for name in names)
+                ints.extend(-1 if name is None else FEATURE_NAMES.index(name) for name in scales)
             offsets = spec.regime_offsets
             if offsets is not None:
                 scheme = offsets.scheme

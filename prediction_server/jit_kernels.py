@@ -252,7 +252,7 @@ def _served_terms(
     """For wire rows (``numeric``: the ten numeric row fields in wire order, float64; ``codes``:
     the pod-type codes), fill ``X`` with ``build_features``' matrix and, per model ``k``:
     ``margins[k]`` = the trees' margin (float32, widened) + the calibration offset,
-    ``baselines[k]`` = ``baseline_ms`` (each term capped at its bound; 0 without a baseline),
+    ``baselines[k]`` = ``baseline_ms`` (each term capped at its bound and scaled; 0 without a baseline),
     ``regimes[k]`` = the row's regime offset (0 without offsets)."""
     n = numeric.shape[0]
     for i in range(n):
@@ -291,6 +291,10 @@ def _served_terms(
                 for c in range(terms):
                     column = plan_ints[k, P_COLUMNS + c]
                     work = min(np.float64(X[i, column]), plan_floats[k, coef_at + terms + c])
+                    scale_column = plan_ints[k, P_COLUMNS + terms + c]
+                    if scale_column >= 0:
+                        scale_from = plan_floats[k, coef_at + 2 * terms + c]
+                        work = work * _nonnegative(np.float64(X[i, scale_column]) - scale_from)
                     value = value + work * plan_floats[k, coef_at + c]
                 value = _nonnegative(value)
             baselines[k, i] = value

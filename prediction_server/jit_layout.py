@@ -16,7 +16,7 @@ MAX_FEATURES = 0x7FFF
 
 # jit_kernels.served_terms' plan of one model: a row of ints, a row of float64s they point into.
 P_HAS_BASELINE, P_TERMS, P_COEF_AT, P_HAS_REGIMES, P_WAITING_AT, P_WAITING_N, P_KV_AT, P_KV_N = range(8)
-P_OFFSETS_AT, P_COLUMNS = 8, 9  # the baseline's feature columns follow
+P_OFFSETS_AT, P_COLUMNS = 8, 9  # the baseline's feature columns follow, then its scale columns
 F_INTERCEPT, F_CALIBRATION = 0, 1
 
 # Every value above that the kernels use, in this order. numba bakes them into the machine code it

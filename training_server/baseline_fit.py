@@ -30,6 +30,16 @@ Without such rows (a steady load) the line stays: the first overload beyond the 
 extrapolated as growing, the side that errs towards covering it. The guard then scores the
 candidate on the same held-out samples, with one of two baselines picked on part of them: a
 small optimism its tolerance for equal models absorbs.
+
+TTFT's work ahead costs more once the KV cache is nearly full: the queue then waits for running
+requests to finish and free their cache, not only for prefill compute. In the simulator's step
+scenarios, a request behind 16 or more waiting requests (the cache 0.98 full) waited 53-177 ms
+per thousand tokens ahead against 25-65 ms behind 1-3 (cache 0.35-0.43 full). So TTFT's baseline
+has ``KV_SCALED`` terms too: the prefill work ahead times ``max(kv_cache_percentage - k, 0)`` for
+each ``k`` in ``KV_KNEES``, slopes non-negative like the others (``shared.baseline``'s scaled
+kind). Fitted on the rows with fewer than 8 waiting requests only, the linear baseline covered
+0.00-0.01 of the rows at 16 or more waiting at its 0.9 quantile; with these terms 0.54-0.91 (the
+six scenario x seed replays, ``bench.accuracy_steps``).
 """
 
 from __future__ import annotations
@@ -38,8 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from shared.baseline import BASELINE_KIND, PIECEWISE_KIND, WORK_FEATURES, baseline_ms
+from shared.baseline import BASELINE_KIND, PIECEWISE_KIND, SCALED_KIND, WORK_FEATURES, baseline_ms
 from shared.features import FEATURE_NAMES
+from shared.regimes import DEFAULT_SCHEME
 from training_server.evaluation import compare_paired, pinball_loss
 
 FIT_ROWS = 10_000
@@ -50,6 +61,12 @@ SATURATING = frozenset({"tpot"})
 KNEE_LEVELS = (0.2, 0.4, 0.6, 0.8, 0.95)  # the bent baseline's knees: quantiles of its fit rows
 KNEE_FIT_ROWS = 3_000  # rows the bent baseline is fitted on (its design has 6x the columns)
 MIN_BEYOND = 50  # newer rows beyond the fitted range needed to compare it with the linear one
+# Per model, the work whose cost per token grows as the KV cache fills, scaled by the cache's use
+# beyond each knee: 0 (a term proportional to the use itself) and where the regimes call the
+# cache nearly full (shared.regimes).
+KV_SCALED: dict[str, str] = {"ttft": "prefill_work_tokens"}
+KV_FEATURE = "kv_cache_percentage"
+KV_KNEES = (0.0, *DEFAULT_SCHEME.kv_edges)
 _NO_CAP = 3.0e38  # an upper bound no feature reaches (finite, for the manifest's JSON)
 
 
@@ -60,6 +77,7 @@ def fit_baseline(
     quantile: float,
     newest: tuple[np.ndarray, np.ndarray] | None = None,
     confidence: float = 0.95,
+    kv_scaled: bool = True,
 ) -> dict[str, Any] | None:
     """The baseline description for ``model`` fitted on these rows, or ``None`` if there are none.
 
@@ -67,7 +85,7 @@ def fit_baseline(
     rows), the linear baseline is compared with the concave one bent at ``KNEE_LEVELS`` of its
     features, on the newest rows beyond the fitted range (at least ``MIN_BEYOND`` of them): the
     bent one replaces it only if it predicts them better with ``confidence`` (paired comparison,
-    as the publish guard does).
+    as the publish guard does). ``kv_scaled``: with the model's ``KV_SCALED`` terms, if it has them.
     """
     names = WORK_FEATURES[model]
     n = len(latency_ms)
@@ -75,18 +93,19 @@ def fit_baseline(
         return None
     rows = np.unique(np.linspace(0, n - 1, min(n, FIT_ROWS)).astype(np.int64))
     columns = np.array([FEATURE_NAMES.index(name) for name in names])
-    x = features[np.ix_(rows, columns)].astype(np.float64)
+    fit_rows = features[rows]
     y = latency_ms[rows].astype(np.float64)
-    linear = _fit(names, x, y, quantile)
+    linear = _fit(model, fit_rows, y, quantile, scaled=kv_scaled)
     if model not in SATURATING or newest is None:
         return linear
     new_features, new_latency = newest
     beyond = np.any(new_features[:, columns] > features[:, columns].max(axis=0), axis=1)
     if np.count_nonzero(beyond) < MIN_BEYOND:
         return linear  # nothing newer shows how the latency goes on beyond the range: keep the line
+    x = fit_rows[:, columns].astype(np.float64)
     knees = np.quantile(x, KNEE_LEVELS, axis=0).astype(np.float32).astype(np.float64)
     few = np.unique(np.linspace(0, len(y) - 1, min(len(y), KNEE_FIT_ROWS)).astype(np.int64))
-    bent = _fit(names, x[few], y[few], quantile, knees)
+    bent = _fit(model, fit_rows[few], y[few], quantile, knees, scaled=kv_scaled)
     probe, actual = new_features[beyond], new_latency[beyond]
     decision = compare_paired(
         _relative_losses(bent, probe, actual, quantile),
@@ -97,15 +116,20 @@ def fit_baseline(
 
 
 def _fit(
-    names: tuple[str, ...],
-    x: np.ndarray,
+    model: str,
+    features: np.ndarray,
     y: np.ndarray,
     quantile: float,
     knees: np.ndarray | None = None,
+    scaled: bool = True,
 ) -> dict[str, Any]:
-    """The linear baseline, or with ``knees`` (levels x features) the concave one: each feature
-    enters once as it is and once capped at each of its (positive, distinct) knees, every slope
-    non-negative, so the slope falls at each knee it passes, to 0 where the latency saturates."""
+    """``model``'s linear baseline on these ``build_features`` rows, with its ``KV_SCALED`` terms
+    if it has them (and ``scaled``); or, with ``knees`` (levels x work features), the concave one:
+    each feature enters once as it is and once capped at each of its (positive, distinct) knees,
+    every slope non-negative, so the slope falls at each knee it passes, to 0 where the latency
+    saturates."""
+    names = WORK_FEATURES[model]
+    x = features[:, [FEATURE_NAMES.index(name) for name in names]].astype(np.float64)
     # Relative pinball loss: each row weighs 1 / latency, so the slopes fit the typical request
     # rather than the few slowest ones (the trees correct the log-ratio around it).
     relative = _relative(y)
@@ -114,17 +138,29 @@ def _fit(
         if knees is not None
         else []
     )
-    work = np.column_stack([np.minimum(x[:, j], k) for j, k in capped] + [x]) if capped else x
-    intercept, slopes = quantile_regression_nonneg(work, y, quantile, relative)
+    columns = [np.minimum(x[:, j], k) for j, k in capped] + list(x.T)
+    terms: list[tuple[str, float, str | None, float]] = [(names[j], k, None, 0.0) for j, k in capped]
+    terms += [(name, _NO_CAP, None, 0.0) for name in names]
+    scaled_work = KV_SCALED.get(model) if scaled else None
+    if scaled_work is not None:
+        work = features[:, FEATURE_NAMES.index(scaled_work)].astype(np.float64)
+        kv = features[:, FEATURE_NAMES.index(KV_FEATURE)].astype(np.float64)
+        columns += [work * np.maximum(kv - knee, 0.0) for knee in KV_KNEES]
+        terms += [(scaled_work, _NO_CAP, KV_FEATURE, knee) for knee in KV_KNEES]
+    intercept, slopes = quantile_regression_nonneg(np.column_stack(columns), y, quantile, relative)
+    kind = SCALED_KIND if scaled_work is not None else PIECEWISE_KIND if capped else BASELINE_KIND
     baseline: dict[str, Any] = {
-        "kind": PIECEWISE_KIND if capped else BASELINE_KIND,
-        "features": [names[j] for j, _ in capped] + list(names),
+        "kind": kind,
+        "features": [name for name, _, _, _ in terms],
         "intercept": intercept,
         "coefficients": [float(v) for v in slopes],
     }
-    if capped:
+    if kind != BASELINE_KIND:
         # float32 knees, as the features are: the cap is applied to build_features' matrix
-        baseline["upper"] = [k for _, k in capped] + [_NO_CAP] * len(names)
+        baseline["upper"] = [cap for _, cap, _, _ in terms]
+    if kind == SCALED_KIND:
+        baseline["scale_features"] = [scale for _, _, scale, _ in terms]
+        baseline["scale_from"] = [knee for _, _, _, knee in terms]
     return baseline
 
 

@@ -116,6 +116,11 @@ class TrainingSettings(ServiceSettings):
         description="Let TPOT's baseline bend (concave, piecewise linear) where the newest held-out samples "
         "beyond the trained range show, with the guard's confidence, that TPOT stopped growing.",
     )
+    baseline_kv_scale: bool = Field(
+        default=True,
+        description="Give TTFT's baseline terms whose cost per token of work ahead grows with the KV "
+        "cache's use (a queue behind a full cache waits for running requests to free it).",
+    )
     monotone_constraints: bool = Field(
         default=True,
         description="Constrain the trees: more queued/prefill work never lowers TTFT, more decode work TPOT.",

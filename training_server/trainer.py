@@ -53,7 +53,7 @@ from shared.artifacts import (
     sha256_hex,
     to_margin_target,
 )
-from shared.baseline import PIECEWISE_KIND
+from shared.baseline import PIECEWISE_KIND, SCALED_KIND
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.logging import log_event
@@ -216,7 +216,9 @@ class Trainer:
         if s.work_baseline:
             level = s.quantile if s.objective == "quantile" else 0.5
             newest = (hold_x, actual[hold]) if s.baseline_bend else None
-            baseline = fit_baseline(name, train_x, actual[train], level, newest, s.publish_confidence)
+            baseline = fit_baseline(
+                name, train_x, actual[train], level, newest, s.publish_confidence, s.baseline_kv_scale
+            )
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         dtrain = xgb.QuantileDMatrix(
             train_x,
@@ -430,7 +432,8 @@ def _summary(c: _Candidate) -> dict[str, Any]:
 
 
 def _baseline_form(baseline: dict[str, Any] | None) -> str | None:
-    """How a candidate's baseline goes on beyond its trained range: "linear", "bent" (it saturates)."""
+    """How a candidate's baseline goes on beyond its trained range: "linear", "bent" (it saturates),
+    "kv-scaled" (it grows faster once the KV cache is full)."""
     if baseline is None:
         return None
-    return "bent" if baseline["kind"] == PIECEWISE_KIND else "linear"
+    return {PIECEWISE_KIND: "bent", SCALED_KIND: "kv-scaled"}.get(baseline["kind"], "linear")

@@ -15,6 +15,7 @@ from prediction_server.jit_forest import JitForests, warm_served_kernel
 from prediction_server.predictor import Predictor, builtin_prior_model_set
 from shared.artifacts import ModelStore
 from shared.baseline import PIECEWISE_KIND as PIECEWISE
+from shared.baseline import SCALED_KIND as SCALED
 from shared.baseline import WORK_FEATURES
 from shared.features import build_features
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
@@ -61,6 +62,27 @@ FORMS: dict[str, dict[str, Any]] = {
             "tpot": {**_baseline("tpot", 8.0, 0.0007), "kind": PIECEWISE, "upper": [16.0, 3.0e38, 4000.5]},
         },
         "regime_offsets": {"ttft": _regimes(4), "tpot": None},
+    },
+    "kv-scaled baselines (terms times the cache's use beyond a knee)": {
+        "baselines": {
+            "ttft": {
+                **_baseline("ttft", 12.0, 0.003),
+                "features": [*WORK_FEATURES["ttft"], "prefill_work_tokens", "prefill_work_tokens"],
+                "coefficients": [0.003] * 4 + [0.004, 0.07],
+                "kind": SCALED,
+                "upper": [8.0, 3.0e38, 2000.0, 3.0e38, 3.0e38, 9000.0],
+                "scale_features": [None] * 4 + ["kv_cache_percentage"] * 2,
+                "scale_from": [0.0] * 4 + [0.0, 0.9],
+            },
+            "tpot": {
+                **_baseline("tpot", 8.0, 0.0007),
+                "kind": SCALED,
+                "upper": [3.0e38] * 3,
+                "scale_features": ["kv_cache_percentage", None, "num_request_waiting"],
+                "scale_from": [0.25, 0.0, 3.0],
+            },
+        },
+        "regime_offsets": {"ttft": _regimes(5), "tpot": None},
     },
     "negative intercept (clipped baselines)": {
         "baselines": {"ttft": _baseline("ttft", -500.0, 0.001), "tpot": _baseline("tpot", -1e9, 0.0)},

@@ -1,7 +1,9 @@
 """The model structure: a work-ahead baseline the trees are trained around, monotone in the work.
 
 Trained on queues no deeper than K, the served TTFT must keep growing at 3K (trees alone predict
-a flat TTFT beyond the deepest queue they saw), and more queued work never lowers it.
+a flat TTFT beyond the deepest queue they saw), and more queued work never lowers it. Trained
+before the KV cache ever filled, TTFT's baseline must still grow faster once it is full (the
+queue then waits for running requests to free their cache).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import xgboost as xgb
 
 from prediction_server.predictor import Predictor
 from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
-from shared.baseline import PIECEWISE_KIND, baseline_ms, check_baseline
+from shared.baseline import PIECEWISE_KIND, SCALED_KIND, baseline_ms, check_baseline
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.prior import publish_prior
+from shared.schemas import parse_rows
+from stack.simulator import Cluster, PodConfig, Workload, WorkloadConfig, round_robin, simulate
 from training_server import synthetic
-from training_server.baseline_fit import quantile_regression_nonneg
+from training_server.baseline_fit import fit_baseline, quantile_regression_nonneg
 from training_server.config import TrainingSettings
 from training_server.trainer import Trainer
 from training_server.window import StratifiedWindow
@@ -102,7 +106,8 @@ def test_the_manifest_records_the_baseline_and_serving_matches_the_trainers_arit
 ) -> None:
     model_set = structured.load()
     spec = model_set.manifest.models["ttft"]
-    assert spec.baseline is not None and spec.baseline["kind"] == "linear"
+    assert spec.baseline is not None and spec.baseline["kind"] == SCALED_KIND
+    assert spec.baseline["scale_features"][-2:] == ["kv_cache_percentage"] * 2
     assert all(c >= 0 for c in spec.baseline["coefficients"])
     features = build_features(synthetic.pod_states(500, np.random.default_rng(3)))
     booster = xgb.Booster(model_file=bytearray(model_set.files["ttft"]))
@@ -215,3 +220,79 @@ def test_a_capped_baseline_stays_at_its_bounds_and_bad_bounds_are_refused() -> N
     for bad_kind in (without_kind, without_bounds):
         with pytest.raises(ArtifactError):
             check_baseline(bad_kind)
+
+
+def test_a_scaled_term_grows_with_its_scale_feature_and_bad_scales_are_refused() -> None:
+    """A scaled term is ``(capped work * max(scale - scale_from, 0)) * coefficient``; unscaled terms
+    keep the bits of the same baseline without scales. Scales of the wrong length, of unknown
+    features, not finite, or without their kind are refused."""
+    plain = {
+        "kind": PIECEWISE_KIND,
+        "features": ["num_request_waiting", "prefill_work_tokens"],
+        "intercept": 5.0,
+        "coefficients": [2.0, 0.01],
+        "upper": [3.0e38, 3.0e38],
+    }
+    scaled = {
+        **plain,
+        "kind": SCALED_KIND,
+        "features": [*plain["features"], "prefill_work_tokens"],
+        "coefficients": [2.0, 0.01, 0.5],
+        "upper": [3.0e38] * 3,
+        "scale_features": [None, None, "kv_cache_percentage"],
+        "scale_from": [0.0, 0.0, 0.9],
+    }
+    check_baseline(scaled)
+    features = np.zeros((101, len(FEATURE_NAMES)), dtype=np.float32)
+    features[:, FEATURE_NAMES.index("kv_cache_percentage")] = np.linspace(0.0, 1.0, 101)
+    features[:, FEATURE_NAMES.index("prefill_work_tokens")] = 4000.0
+    features[:, FEATURE_NAMES.index("num_request_waiting")] = 3.0
+    kv = features[:, 0].astype(np.float64)
+    below = kv <= 0.9
+    assert baseline_ms(features, scaled)[below].tobytes() == baseline_ms(features, plain)[below].tobytes()
+    expected = baseline_ms(features, plain) + 4000.0 * np.maximum(kv - 0.9, 0.0) * 0.5
+    np.testing.assert_allclose(baseline_ms(features, scaled), expected, rtol=1e-12)
+    assert np.all(np.diff(baseline_ms(features, scaled)) >= 0) and expected[-1] > expected[90] + 150
+    bad_scales: list[dict[str, Any]] = [
+        {"scale_features": [None, "kv_cache_percentage"]},
+        {"scale_features": [None, None, "no_such_feature"]},
+        {"scale_from": [0.0, 0.0, float("nan")]},
+        {"scale_from": [0.0, 0.0]},
+        {"kind": PIECEWISE_KIND},  # scales only with their own kind: an older server refuses them
+    ]
+    for bad in bad_scales:
+        with pytest.raises(ArtifactError):
+            check_baseline({**scaled, **bad})
+    for missing in ("scale_features", "scale_from", "upper"):
+        with pytest.raises(ArtifactError):
+            check_baseline({k: v for k, v in scaled.items() if k != missing})
+
+
+def _overloaded(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Routing-time feature rows and TTFTs of 4 simulated pods at 40 req/s for 120 s: queues of
+    dozens of requests behind a full KV cache."""
+    workload = Workload(WorkloadConfig(rate_rps=40.0, num_requests=None, duration_s=120.0, seed=seed))
+    done = simulate(workload, Cluster([PodConfig() for _ in range(4)], seed=seed), round_robin())
+    features = build_features(parse_rows([c.features for c in done]))
+    return features, np.array([c.ttft_ms for c in done])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ttfts_baseline_fitted_before_the_cache_filled_covers_the_queue_behind_a_full_cache(
+    seed: int,
+) -> None:
+    """Fitted on the requests that saw fewer than 8 waiting, TTFT's baseline alone covers most of
+    those that saw 16 or more (a cache 0.99 full); without the KV-scaled terms it covers none."""
+    features, ttft = _overloaded(seed)
+    waiting = features[:, FEATURE_NAMES.index("num_request_waiting")]
+    light, deep = waiting < 8, waiting >= 16
+    assert np.count_nonzero(deep) > 500
+    assert float(np.median(features[deep, FEATURE_NAMES.index("kv_cache_percentage")])) > 0.95
+
+    def deep_coverage(kv_scaled: bool) -> float:
+        baseline = fit_baseline("ttft", features[light], ttft[light], QUANTILE, kv_scaled=kv_scaled)
+        assert baseline is not None
+        return float(np.mean(ttft[deep] <= baseline_ms(features[deep], baseline)))
+
+    assert deep_coverage(kv_scaled=True) > 0.6
+    assert deep_coverage(kv_scaled=False) < 0.1  # the failure the terms fix, kept visible
