@@ -39,7 +39,9 @@ has ``KV_SCALED`` terms too: the prefill work ahead times ``max(kv_cache_percent
 each ``k`` in ``KV_KNEES``, slopes non-negative like the others (``shared.baseline``'s scaled
 kind). Fitted on the rows with fewer than 8 waiting requests only, the linear baseline covered
 0.00-0.01 of the rows at 16 or more waiting at its 0.9 quantile; with these terms 0.54-0.91 (the
-six scenario x seed replays, ``bench.accuracy_steps``).
+six scenario x seed replays, ``bench.accuracy_steps``). They are off by default
+(``--baseline-kv-scale`` turns them on): over HTTP they cost the real traces (sharegpt's TTFT
+pinball 1.18-1.22x the naive baseline's in two runs, against 0.50-0.55).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def fit_baseline(
     quantile: float,
     newest: tuple[np.ndarray, np.ndarray] | None = None,
     confidence: float = 0.95,
-    kv_scaled: bool = True,
+    kv_scaled: bool = False,
 ) -> dict[str, Any] | None:
     """The baseline description for ``model`` fitted on these rows, or ``None`` if there are none.
 
@@ -121,7 +123,7 @@ def _fit(
     y: np.ndarray,
     quantile: float,
     knees: np.ndarray | None = None,
-    scaled: bool = True,
+    scaled: bool = False,
 ) -> dict[str, Any]:
     """``model``'s linear baseline on these ``build_features`` rows, with its ``KV_SCALED`` terms
     if it has them (and ``scaled``); or, with ``knees`` (levels x work features), the concave one:

@@ -117,9 +117,10 @@ class TrainingSettings(ServiceSettings):
         "beyond the trained range show, with the guard's confidence, that TPOT stopped growing.",
     )
     baseline_kv_scale: bool = Field(
-        default=True,
+        default=False,
         description="Give TTFT's baseline terms whose cost per token of work ahead grows with the KV "
-        "cache's use (a queue behind a full cache waits for running requests to free it).",
+        "cache's use (a queue behind a full cache waits for running requests to free it). Off by "
+        "default: better on the simulator, worse on the real traces over HTTP (benchmarks-accuracy.md).",
     )
     monotone_constraints: bool = Field(
         default=True,

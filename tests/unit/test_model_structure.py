@@ -106,8 +106,7 @@ def test_the_manifest_records_the_baseline_and_serving_matches_the_trainers_arit
 ) -> None:
     model_set = structured.load()
     spec = model_set.manifest.models["ttft"]
-    assert spec.baseline is not None and spec.baseline["kind"] == SCALED_KIND
-    assert spec.baseline["scale_features"][-2:] == ["kv_cache_percentage"] * 2
+    assert spec.baseline is not None and spec.baseline["kind"] == "linear"  # KV terms off by default
     assert all(c >= 0 for c in spec.baseline["coefficients"])
     features = build_features(synthetic.pod_states(500, np.random.default_rng(3)))
     booster = xgb.Booster(model_file=bytearray(model_set.files["ttft"]))
@@ -296,3 +295,16 @@ def test_ttfts_baseline_fitted_before_the_cache_filled_covers_the_queue_behind_a
 
     assert deep_coverage(kv_scaled=True) > 0.6
     assert deep_coverage(kv_scaled=False) < 0.1  # the failure the terms fix, kept visible
+
+
+def test_with_the_kv_terms_on_the_manifest_records_them_and_serving_matches(tmp_path: Path) -> None:
+    model_set = _train(tmp_path, baseline_kv_scale=True).load()
+    spec = model_set.manifest.models["ttft"]
+    assert spec.baseline is not None and spec.baseline["kind"] == SCALED_KIND
+    assert spec.baseline["scale_features"][-2:] == ["kv_cache_percentage"] * 2
+    features = build_features(synthetic.pod_states(500, np.random.default_rng(3)))
+    booster = xgb.Booster(model_file=bytearray(model_set.files["ttft"]))
+    trees = booster.inplace_predict(features, predict_type="margin")
+    expected = served_latency_ms(trees, features, spec)
+    served, _ = Predictor.from_model_set(model_set).predict(features)
+    np.testing.assert_allclose(served, expected, rtol=1e-5)
