@@ -62,7 +62,7 @@ def check_baseline(baseline: dict[str, Any]) -> None:
         kind = baseline["kind"]
         upper = [float(u) for u in baseline.get("upper", coefficients)]
         scale_names = list(baseline.get("scale_features", [None] * len(names)))
-        scale_from = [float(v) for v in baseline.get("scale_from", coefficients)]
+        scale_from = [float(v) for v in baseline.get("scale_from", [0.0] * len(names))]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"unreadable baseline: {exc!r}") from exc
     if kind not in (BASELINE_KIND, *_BOUNDED):

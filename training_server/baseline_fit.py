@@ -79,7 +79,8 @@ def fit_baseline(
     quantile: float,
     newest: tuple[np.ndarray, np.ndarray] | None = None,
     confidence: float = 0.95,
-    kv_scaled: bool = False,
+    *,
+    kv_scaled: bool,
 ) -> dict[str, Any] | None:
     """The baseline description for ``model`` fitted on these rows, or ``None`` if there are none.
 
@@ -123,7 +124,8 @@ def _fit(
     y: np.ndarray,
     quantile: float,
     knees: np.ndarray | None = None,
-    scaled: bool = False,
+    *,
+    scaled: bool,
 ) -> dict[str, Any]:
     """``model``'s linear baseline on these ``build_features`` rows, with its ``KV_SCALED`` terms
     if it has them (and ``scaled``); or, with ``knees`` (levels x work features), the concave one:

@@ -217,7 +217,13 @@ class Trainer:
             level = s.quantile if s.objective == "quantile" else 0.5
             newest = (hold_x, actual[hold]) if s.baseline_bend else None
             baseline = fit_baseline(
-                name, train_x, actual[train], level, newest, s.publish_confidence, s.baseline_kv_scale
+                name,
+                train_x,
+                actual[train],
+                level,
+                newest,
+                s.publish_confidence,
+                kv_scaled=s.baseline_kv_scale,
             )
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         dtrain = xgb.QuantileDMatrix(
