@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,10 +34,34 @@ import uvicorn
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _below_ephemeral() -> int:
+    """The first port of the kernel's ephemeral range (where client sockets get their local ports)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_base_port(count: int) -> int:
+    """A base port with ``count`` consecutive free loopback ports, below the ephemeral range: a
+    port the kernel handed out (``bind(0)``) can be taken again as a client connection's local
+    port before the server binds it (seen in CI: a replica's ``address already in use``)."""
+    top = _below_ephemeral() - count
+    chooser = random.SystemRandom()
+    for _ in range(200):
+        base = chooser.randrange(10_000, max(top, 10_001))
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port range")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_base_port(1)
 
 
 @dataclass

@@ -20,8 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_stack_launcher import free_base_port
-from tests.procs import REPO_ROOT, wait_until
+from tests.procs import REPO_ROOT, free_base_port, wait_until
 from tests.terminal_screen import Screen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

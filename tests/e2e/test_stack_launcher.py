@@ -8,7 +8,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.procs import REPO_ROOT
+from tests.procs import REPO_ROOT, free_base_port
 
 pytestmark = pytest.mark.e2e
 
@@ -82,27 +81,6 @@ def wait_gone(pids: set[int], sessions: set[int], timeout_s: float) -> set[int]:
         time.sleep(0.1)
         left = alive(pids, sessions)
     return left
-
-
-def free_base_port(count: int) -> int:
-    """A base port with ``count`` consecutive free loopback ports."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count >= 65000:
-            continue
-        ok = True
-        for port in range(base, base + count):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port range")
 
 
 @dataclass
