@@ -19,8 +19,8 @@ predates it refuse the version rather than misread it.
 
 A ``"scaled-piecewise-linear"`` baseline also has ``scale_features`` and ``scale_from``: a term
 whose scale feature is not ``null`` is multiplied by ``max(scale_feature - scale_from, 0)``, so
-its slope grows with another feature. TTFT's does with the training server's
-``--baseline-kv-scale`` (off by default): work queued behind a full KV cache waits for running
+its slope grows with another feature. TTFT's may (the training server's ``--baseline-kv-scale``;
+``training_server.baseline_fit`` decides when): work queued behind a full KV cache waits for running
 requests to finish and free it, not just for prefill compute, so each token ahead costs more once
 the cache is nearly full (the terms ``prefill_work_tokens * kv_cache_percentage`` and
 ``prefill_work_tokens * max(kv_cache_percentage - 0.9, 0)``). Its own kind again.

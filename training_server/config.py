@@ -117,10 +117,10 @@ class TrainingSettings(ServiceSettings):
         "beyond the trained range show, with the guard's confidence, that TPOT stopped growing.",
     )
     baseline_kv_scale: bool = Field(
-        default=False,
-        description="Give TTFT's baseline terms whose cost per token of work ahead grows with the KV "
-        "cache's use (a queue behind a full cache waits for running requests to free it). Off by "
-        "default: better on the simulator, worse on the real traces over HTTP (benchmarks-accuracy.md).",
+        default=True,
+        description="Let TTFT's baseline take terms whose cost per token of work ahead grows with the KV "
+        "cache's use (a queue behind a full cache waits for running requests to free it), where the "
+        "newest held-out samples show, with the guard's confidence, that they predict better.",
     )
     monotone_constraints: bool = Field(
         default=True,

@@ -215,14 +215,14 @@ class Trainer:
         baseline = None
         if s.work_baseline:
             level = s.quantile if s.objective == "quantile" else 0.5
-            newest = (hold_x, actual[hold]) if s.baseline_bend else None
             baseline = fit_baseline(
                 name,
                 train_x,
                 actual[train],
                 level,
-                newest,
+                (hold_x, actual[hold]),
                 s.publish_confidence,
+                bend=s.baseline_bend,
                 kv_scaled=s.baseline_kv_scale,
             )
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
