@@ -108,7 +108,7 @@ def fit_baseline(
     rows = np.unique(np.linspace(0, n - 1, min(n, FIT_ROWS)).astype(np.int64))
     fit_rows = features[rows]
     y = latency_ms[rows].astype(np.float64)
-    chosen = _fit(model, fit_rows, y, quantile, scaled=False)
+    chosen = _fit(model, fit_rows, y, quantile)
     if newest is None:
         return chosen
     new_features, new_latency = newest
@@ -119,12 +119,25 @@ def fit_baseline(
             x = fit_rows[:, columns].astype(np.float64)
             knees = np.quantile(x, KNEE_LEVELS, axis=0).astype(np.float32).astype(np.float64)
             few = np.unique(np.linspace(0, len(y) - 1, min(len(y), KNEE_FIT_ROWS)).astype(np.int64))
-            bent = _fit(model, fit_rows[few], y[few], quantile, knees, scaled=False)
+            bent = _fit(model, fit_rows[few], y[few], quantile, knees)
             chosen = _better(bent, chosen, new_features[beyond], new_latency[beyond], quantile, confidence)
-    if kv_scaled and model in KV_SCALED and len(new_latency) >= MIN_BEYOND:
-        scaled = _fit(model, fit_rows, y, quantile, scaled=True)
+    kv_knees = _supported_kv_knees(model, fit_rows) if kv_scaled else ()
+    if kv_knees and len(new_latency) >= MIN_BEYOND:
+        scaled = _fit(model, fit_rows, y, quantile, kv_knees=kv_knees)
         chosen = _better(scaled, chosen, new_features, new_latency, quantile, confidence)
     return chosen
+
+
+def _supported_kv_knees(model: str, features: np.ndarray) -> tuple[float, ...]:
+    """The ``KV_KNEES`` at which ``model``'s ``KV_SCALED`` term is non-zero on enough of these fit
+    rows (``KV_MIN_SHARE``, at least ``MIN_BEYOND``); none for a model without such a term."""
+    work_name = KV_SCALED.get(model)
+    if work_name is None:
+        return ()
+    work = features[:, FEATURE_NAMES.index(work_name)]
+    kv = features[:, FEATURE_NAMES.index(KV_FEATURE)].astype(np.float64)
+    support = max(MIN_BEYOND, KV_MIN_SHARE * len(features))
+    return tuple(k for k in KV_KNEES if np.count_nonzero((kv > k) & (work > 0)) >= support)
 
 
 def _better(
@@ -150,11 +163,10 @@ def _fit(
     y: np.ndarray,
     quantile: float,
     knees: np.ndarray | None = None,
-    *,
-    scaled: bool,
+    kv_knees: tuple[float, ...] = (),
 ) -> dict[str, Any]:
-    """``model``'s linear baseline on these ``build_features`` rows, with its ``KV_SCALED`` terms
-    if it has them (and ``scaled``); or, with ``knees`` (levels x work features), the concave one:
+    """``model``'s linear baseline on these ``build_features`` rows, with its ``KV_SCALED`` term
+    scaled from each of ``kv_knees``; or, with ``knees`` (levels x work features), the concave one:
     each feature enters once as it is and once capped at each of its (positive, distinct) knees,
     every slope non-negative, so the slope falls at each knee it passes, to 0 where the latency
     saturates."""
@@ -171,17 +183,14 @@ def _fit(
     columns = [np.minimum(x[:, j], k) for j, k in capped] + list(x.T)
     terms: list[tuple[str, float, str | None, float]] = [(names[j], k, None, 0.0) for j, k in capped]
     terms += [(name, _NO_CAP, None, 0.0) for name in names]
-    scaled_work = KV_SCALED.get(model) if scaled else None
-    if scaled_work is not None:
+    if kv_knees:
+        scaled_work = KV_SCALED[model]
         work = features[:, FEATURE_NAMES.index(scaled_work)].astype(np.float64)
         kv = features[:, FEATURE_NAMES.index(KV_FEATURE)].astype(np.float64)
-        support = max(MIN_BEYOND, KV_MIN_SHARE * len(y))
-        supported = [k for k in KV_KNEES if np.count_nonzero((kv > k) & (work > 0)) >= support]
-        columns += [work * np.maximum(kv - knee, 0.0) for knee in supported]
-        terms += [(scaled_work, _NO_CAP, KV_FEATURE, knee) for knee in supported]
-        scaled_work = scaled_work if supported else None
+        columns += [work * np.maximum(kv - knee, 0.0) for knee in kv_knees]
+        terms += [(scaled_work, _NO_CAP, KV_FEATURE, knee) for knee in kv_knees]
     intercept, slopes = quantile_regression_nonneg(np.column_stack(columns), y, quantile, relative)
-    kind = SCALED_KIND if scaled_work is not None else PIECEWISE_KIND if capped else BASELINE_KIND
+    kind = SCALED_KIND if kv_knees else PIECEWISE_KIND if capped else BASELINE_KIND
     baseline: dict[str, Any] = {
         "kind": kind,
         "features": [name for name, _, _, _ in terms],
