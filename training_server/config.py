@@ -114,7 +114,7 @@ class TrainingSettings(ServiceSettings):
     baseline_bend: bool = Field(
         default=True,
         description="Let TPOT's baseline bend (concave, piecewise linear) where the newest held-out samples "
-        "beyond the trained range show, with the guard's confidence, that TPOT stopped growing.",
+        "show, with the guard's confidence, that TPOT stopped growing.",
     )
     baseline_kv_scale: bool = Field(
         default=True,

@@ -11,9 +11,9 @@ on the training part (``baseline_fit``: a quantile regression with non-negative 
 queued and in-flight work), then a quantile (or mean) XGBoost model on log1p(latency) with the
 baseline's log1p as ``base_margin``, so the trees learn the log-ratio around a latency that keeps
 growing with the work beyond the trained range (``monotone_constraints`` where physics says so).
-TPOT's baseline may instead bend (concave, piecewise linear) where the held-out samples beyond
-the trained range show TPOT stopped growing (``baseline_fit``: the trees' constraints cannot
-bring down a line that overshoots).
+TPOT's baseline may instead bend (concave, piecewise linear) where the newest held-out samples
+show TPOT stopped growing (``baseline_fit``: the trees' constraints cannot bring down a line that
+overshoots).
 It is calibrated with a conformal offset on the calibration part, each sample weighted by its
 recency (``calibration_half_life_s``: the spread-out runs sample every regime, the weights keep
 the offset on the newest residuals after the pool changed), and scored on the held-out part,

@@ -300,6 +300,46 @@ def _rising_load_window(tpot_ms: Any, n: int, seed: int, now: float) -> Stratifi
     return window
 
 
+@pytest.mark.parametrize(("world", "expected"), [("saturating", "bent"), ("linear", "linear")])
+def test_tpots_baseline_bends_where_the_newest_samples_inside_the_trained_range_show_a_plateau(
+    tmp_path: Path, world: str, expected: str
+) -> None:
+    """The load rose from 1 to 300 running requests and then stayed between 100 and 300 (the
+    chatbot H200 trace at 8 QPS): the newest held-out samples lie *inside* the trained range, none
+    beyond it. Where TPOT saturates, a line fitted through the rise and the plateau is too high on
+    the plateau's top; the newest samples show that the bent baseline predicts them better, so it
+    is taken, and requests at 280 running are predicted near their p90. Where TPOT keeps growing,
+    the line is kept."""
+
+    def tpot(running: np.ndarray) -> np.ndarray:
+        if world == "saturating":
+            return 20.0 + 0.6 * np.minimum(running, 30.0)
+        return 20.0 + 0.1 * running
+
+    now, n = time.time(), 12_000
+    rng = np.random.default_rng(8)
+    columns = synthetic.samples(n, rng)
+    rise = n // 3
+    running = np.concatenate([np.geomspace(1, 300, rise), rng.uniform(100, 300, n - rise)]).round()
+    columns["num_request_running"] = running
+    columns["decode_tokens_in_flight"] = running * 600.0
+    columns["actual_tpot_ms"] = tpot(running) * rng.lognormal(0.0, 0.03, n)
+    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
+    window.insert(columns, now - 1200 + np.linspace(0, 1190, n))
+    settings = _settings(tmp_path)
+    store = ModelStore(settings.store_dir)
+    outcome = Trainer(store, settings).run(window.snapshot(), now)
+    assert outcome.outcome == "published"
+    assert outcome.models["tpot"]["baseline"] == expected
+    fresh = synthetic.samples(2000, np.random.default_rng(9))
+    fresh["num_request_running"] = np.full(2000, 280.0)
+    fresh["decode_tokens_in_flight"] = np.full(2000, 280.0 * 600.0)
+    predicted = _predict(store.load(), "tpot", fresh)
+    truth_p90 = float(tpot(np.array([280.0]))[0]) * float(np.exp(0.03 * 1.2816))
+    ratio = float(np.median(predicted)) / truth_p90
+    assert 0.9 < ratio < 1.12, ratio
+
+
 @pytest.mark.parametrize(
     ("world", "expected"),
     [("saturating", "bent"), ("linear", "linear")],
