@@ -1,4 +1,4 @@
-"""Per-call latency of the JIT and numpy evaluators against XGBoost's own predictors, single-threaded.
+"""Per-call latency of the JIT and numpy evaluators against XGBoost's and onnxruntime's, one thread.
 
 Run from the repository root:
 
@@ -10,8 +10,17 @@ checks that the margins agree, then times one call on n rows for
   compiled  CompiledForest.predict_margin(ndarray), the numpy fallback
   inplace   Booster.inplace_predict(ndarray, predict_type="margin") with nthread=1
   pandas    XGBRegressor(n_jobs=1).predict(DataFrame), the naive reference (DataFrame prebuilt)
-Each cell is the median over `--runs` runs of the median per-call time within a run; the three
-methods alternate within each run so drift hits them alike.
+  onnx      onnxruntime TreeEnsembleRegressor, one thread (bench/onnx_forest.py), this model alone
+then, for both models together (ttft and tpot):
+  jit       JitForests.predict_margins(ndarray) of both models, one call
+  onnx      one onnxruntime session, both models, one run call (two outputs)
+  onnx_2run one session per model, two run calls
+Each cell is the median over `--runs` runs of the median per-call time within a run; the
+methods alternate within each run so drift hits them alike. By default every call gets the same
+rows, which lets the CPU's branch predictor learn onnxruntime's branchy walk on small batches
+(measured: 1 row 7.8 against 14 µs); `--pool-rows 2000` gives each call other rows, the served
+case (the other methods' times did not move beyond noise). The onnx arms need the optional
+extra, `.venv/bin/pip install -e '.[onnx]'` (not a runtime dependency); without it they are skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import os
 os.environ["OMP_NUM_THREADS"] = "1"  # must precede xgboost's import, which starts OpenMP
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -42,6 +52,19 @@ MODELS: dict[str, dict[str, Any]] = {
     "ttft": {"objective": "reg:quantileerror", "quantile_alpha": 0.9},
     "tpot": {"objective": "reg:squarederror"},
 }
+
+
+def _onnx_forests() -> Any:
+    """``bench.onnx_forest.OnnxForests``, or None (with a note) when onnx/onnxruntime do not import."""
+    try:
+        import onnxruntime
+
+        from bench.onnx_forest import OnnxForests
+    except ImportError as exc:
+        print(f"onnx arms skipped: {exc} (.venv/bin/pip install -e '.[onnx]')")
+        return None
+    print(f"onnxruntime {onnxruntime.__version__}: onnx margins must equal inplace_predict's bit for bit")
+    return OnnxForests
 
 
 def _train(params: dict[str, Any], args: argparse.Namespace) -> tuple[xgb.XGBRegressor, pd.DataFrame]:
@@ -76,22 +99,54 @@ def _timings_us(methods: dict[str, Callable[[], object]], runs: int, run_seconds
     return {name: statistics.median(values) * 1e6 for name, values in medians.items()}
 
 
-def _bench_model(name: str, args: argparse.Namespace, rows: list[int], rng: np.random.Generator) -> None:
-    model, frame = _train(MODELS[name], args)
+def _print_header(names: list[str]) -> None:
+    ratios = "".join(f"{name + '/jit':>14}" for name in names if name != "jit")
+    print(f"{'rows':>6}" + "".join(f"{name + '_us':>13}" for name in names) + ratios + f"{'jit_us/row':>11}")
+
+
+def _print_row(n: int, us: dict[str, float]) -> None:
+    times = "".join(f"{value:>13.1f}" for value in us.values())
+    ratios = "".join(f"{us[name] / us['jit']:>14.2f}" for name in us if name != "jit")
+    print(f"{n:>6}{times}{ratios}{us['jit'] / n:>11.2f}")
+
+
+def _inputs(n: int, args: argparse.Namespace, rng: np.random.Generator) -> list[np.ndarray]:
+    """The row matrices that the calls on n rows cycle through: one, or ~`--pool-rows` rows."""
+    return [
+        np.ascontiguousarray(rng.normal(size=(n, args.features)).astype(np.float32) * 1.5)
+        for _ in range(max(1, args.pool_rows // n))
+    ]
+
+
+def _cycling(fn: Callable[[Any], object], inputs: list[Any]) -> Callable[[], object]:
+    """A call of `fn` on the next of `inputs`, round robin."""
+    following = itertools.cycle(inputs)
+    return lambda: fn(next(following))
+
+
+def _bench_model(
+    name: str,
+    trained: tuple[xgb.XGBRegressor, pd.DataFrame],
+    args: argparse.Namespace,
+    rows: list[int],
+    rng: np.random.Generator,
+    onnx_forests: Any,
+) -> None:
+    model, frame = trained
     booster = model.get_booster()
     forest = CompiledForest.from_booster(booster)
     jit = JitForests.from_boosters([booster])
+    onnx = onnx_forests.from_boosters([booster]) if onnx_forests else None
     print(
         f"\n{name}: {MODELS[name]['objective']}, {forest.num_trees} trees, max depth "
         f"{forest.max_depth}, {forest.num_features} features"
     )
-    print(
-        f"{'rows':>6} {'jit_us':>8} {'compiled_us':>12} {'inplace_us':>11} {'pandas_us':>10}"
-        f" {'compiled/jit':>13} {'inplace/jit':>12} {'pandas/jit':>11} {'jit_us/row':>11}"
-    )
+    _print_header(["jit", "compiled", "inplace", "pandas"] + (["onnx"] if onnx else []))
     for n in rows:
-        X = np.ascontiguousarray(rng.normal(size=(n, args.features)).astype(np.float32) * 1.5)
-        query = pd.DataFrame(X, columns=frame.columns)
+        inputs = _inputs(n, args, rng)
+        X = inputs[0]
+        queries = [pd.DataFrame(matrix, columns=frame.columns) for matrix in inputs]
+        query = queries[0]
         reference = booster.inplace_predict(X, predict_type="margin")
         if not np.array_equal(jit.predict_margins(X)[0], reference):
             raise SystemExit(f"{name}: JIT margins differ from XGBoost at n={n}")
@@ -99,21 +154,50 @@ def _bench_model(name: str, args: argparse.Namespace, rows: list[int], rng: np.r
             raise SystemExit(f"{name}: margins differ from XGBoost at n={n}")
         if not np.allclose(model.predict(query, output_margin=True), reference, rtol=1e-5, atol=1e-5):
             raise SystemExit(f"{name}: XGBRegressor.predict differs from inplace_predict at n={n}")
-        us = _timings_us(
-            {
-                "jit": partial(jit.predict_margins, X),
-                "compiled": partial(forest.predict_margin, X),
-                "inplace": partial(booster.inplace_predict, X, predict_type="margin"),
-                "pandas": partial(model.predict, query),
-            },
-            args.runs,
-            args.run_seconds,
-        )
-        print(
-            f"{n:>6} {us['jit']:>8.1f} {us['compiled']:>12.1f} {us['inplace']:>11.1f} {us['pandas']:>10.1f}"
-            f" {us['compiled'] / us['jit']:>13.2f} {us['inplace'] / us['jit']:>12.2f}"
-            f" {us['pandas'] / us['jit']:>11.2f} {us['jit'] / n:>11.2f}"
-        )
+        methods = {
+            "jit": _cycling(jit.predict_margins, inputs),
+            "compiled": _cycling(forest.predict_margin, inputs),
+            "inplace": _cycling(partial(booster.inplace_predict, predict_type="margin"), inputs),
+            "pandas": _cycling(model.predict, queries),
+        }
+        if onnx is not None:
+            if not np.array_equal(onnx.predict_margins(X)[0], reference):
+                raise SystemExit(f"{name}: onnxruntime margins differ from XGBoost at n={n}")
+            methods["onnx"] = _cycling(onnx.predict_margins, inputs)
+        _print_row(n, _timings_us(methods, args.runs, args.run_seconds))
+
+
+def _predict_each(forests: list[Any], X: np.ndarray) -> list[Any]:
+    """One run call per model: what two separate onnxruntime sessions cost."""
+    return [forest.predict_margins(X) for forest in forests]
+
+
+def _bench_both(
+    boosters: list[xgb.Booster],
+    args: argparse.Namespace,
+    rows: list[int],
+    rng: np.random.Generator,
+    onnx_forests: Any,
+) -> None:
+    """Both models per call: the JIT's one pass against one onnxruntime run and against two."""
+    jit = JitForests.from_boosters(boosters)
+    both = onnx_forests.from_boosters(boosters)
+    each = [onnx_forests.from_boosters([booster]) for booster in boosters]
+    print("\nboth models (ttft, tpot) per call")
+    _print_header(["jit", "onnx", "onnx_2run"])
+    for n in rows:
+        inputs = _inputs(n, args, rng)
+        X = inputs[0]
+        reference = [booster.inplace_predict(X, predict_type="margin") for booster in boosters]
+        for margins in (list(jit.predict_margins(X)), both.predict_margins(X)):
+            if not all(map(np.array_equal, margins, reference)):
+                raise SystemExit(f"both models: margins differ from XGBoost at n={n}")
+        methods = {
+            "jit": _cycling(jit.predict_margins, inputs),
+            "onnx": _cycling(both.predict_margins, inputs),
+            "onnx_2run": _cycling(partial(_predict_each, each), inputs),
+        }
+        _print_row(n, _timings_us(methods, args.runs, args.run_seconds))
 
 
 def main() -> None:
@@ -124,6 +208,12 @@ def main() -> None:
     parser.add_argument("--rows", default="1,10,100,1000,10000", help="comma-separated batch sizes")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--run-seconds", type=float, default=0.2, help="time budget per method per run")
+    parser.add_argument(
+        "--pool-rows",
+        type=int,
+        default=0,
+        help="0: every call on the same rows; R: calls cycle through distinct matrices of ~R rows in all",
+    )
     parser.add_argument("--models", default=",".join(MODELS), help=f"subset of {','.join(MODELS)}")
     args = parser.parse_args()
     rows = [int(n) for n in args.rows.split(",")]
@@ -131,11 +221,16 @@ def main() -> None:
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "n/a"
     print(
         f"xgboost {xgb.__version__}, numpy {np.__version__}, OMP_NUM_THREADS="
-        f"{os.environ['OMP_NUM_THREADS']}, cpus {affinity}; {args.runs} runs, median of per-run medians"
+        f"{os.environ['OMP_NUM_THREADS']}, cpus {affinity}; {args.runs} runs, median of per-run medians; "
+        f"pool rows {args.pool_rows}"
     )
+    onnx_forests = _onnx_forests()
+    trained = {name: _train(MODELS[name], args) for name in args.models.split(",")}
     rng = np.random.default_rng(1)
-    for name in args.models.split(","):
-        _bench_model(name, args, rows, rng)
+    for name, model in trained.items():
+        _bench_model(name, model, args, rows, rng, onnx_forests)
+    if onnx_forests and set(trained) == set(MODELS):
+        _bench_both([trained[name][0].get_booster() for name in MODELS], args, rows, rng, onnx_forests)
 
 
 if __name__ == "__main__":
