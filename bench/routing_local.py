@@ -6,8 +6,8 @@ compiled forests, self-test and ``shared.features``), and answers ``predict_for_
 like a ``LatencyClient`` that never fails. Simulated time stands still during a prediction
 call, so over HTTP or in process the simulated outcome is the same; in process a decision costs
 a fraction of the CPU, which is what lets several seeds at long runs fit on a shared machine.
-``bench.routing_compare --http`` runs the evaluation over HTTP instead (and
-``bench.routing_overhead`` measures the HTTP decision latency).
+The first warm-up round of ``bench.routing_compare`` routes over HTTP; ``bench.routing_overhead``
+measures the HTTP decision latency.
 """
 
 from __future__ import annotations
