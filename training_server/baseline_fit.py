@@ -25,7 +25,7 @@ rows, ``KNEE_LEVELS``), every slope non-negative: a concave, non-decreasing line
 at each knee, to 0 where TPOT saturates (as on the traces), and whose slope beyond the last
 knee is what the rows there show. The trainer passes its held-out samples, the newest, and the
 bent baseline replaces the linear one only if it predicts them better with the guard's confidence
-(at least ``MIN_BEYOND`` of them). All of them judge, not only those beyond the fitted range: a
+(at least ``MIN_NEWEST`` of them). All of them judge, not only those beyond the fitted range: a
 line fitted through a rise and its plateau is too high on both ends of the plateau, inside the
 range too (on the chatbot H200 trace, in process, the line predicted TPOT 62-67 ms against 52-53
 ms measured for the first 500 requests after the trained models took over: coverage 0.997 at 8
@@ -47,7 +47,7 @@ six scenario x seed replays, ``bench.accuracy_steps``). But always on, they cost
 over HTTP (sharegpt's TTFT pinball 1.18-1.22x the naive baseline's in two runs, against
 0.50-0.55, from early models on a few hundred samples; chatbot's TTFT coverage 0.870-0.888):
 where the cache's use says little of the wait, its terms fit noise. So they are an alternative
-like the bend, taken only when the newest held-out rows (at least ``MIN_BEYOND``) show with the
+like the bend, taken only when the newest held-out rows (at least ``MIN_NEWEST``) show with the
 guard's confidence that they predict better. Unlike the bend, the terms change the baseline
 within the fitted range too, so all the newest rows judge them, not only those beyond it.
 """
@@ -70,7 +70,7 @@ IRLS_STEPS = 30
 SATURATING = frozenset({"tpot"})
 KNEE_LEVELS = (0.2, 0.4, 0.6, 0.8, 0.95)  # the bent baseline's knees: quantiles of its fit rows
 KNEE_FIT_ROWS = 3_000  # rows the bent baseline is fitted on (its design has 6x the columns)
-MIN_BEYOND = 50  # newest rows needed to judge an alternative baseline against the linear one
+MIN_NEWEST = 50  # newest rows needed to judge an alternative baseline against the linear one
 # Per model, the work whose cost per token grows as the KV cache fills, scaled by the cache's use
 # beyond each knee: 0 (a term proportional to the use itself) and where the regimes call the
 # cache nearly full (shared.regimes).
@@ -78,7 +78,7 @@ KV_SCALED: dict[str, str] = {"ttft": "prefill_work_tokens"}
 KV_FEATURE = "kv_cache_percentage"
 KV_KNEES = (0.0, *DEFAULT_SCHEME.kv_edges)
 # A KV-scaled term is fitted only where it is non-zero on this share of the fit rows (and at least
-# MIN_BEYOND of them): fitted on a handful, IRLS can give it a slope that fits those few exactly
+# MIN_NEWEST of them): fitted on a handful, IRLS can give it a slope that fits those few exactly
 # and explodes beyond them (seen over HTTP: TTFT predictions of hours behind the slower pool).
 KV_MIN_SHARE = 0.05
 _NO_CAP = 3.0e38  # an upper bound no feature reaches (finite, for the manifest's JSON)
@@ -102,7 +102,7 @@ def fit_baseline(
     does). With ``bend``, for a model in ``SATURATING``: the concave one bent at ``KNEE_LEVELS``
     of its features. Then, with ``kv_scaled``, for a model in ``KV_SCALED``: the one with the
     KV-scaled terms, against the choice so far. Each alternative is judged on all the newest rows
-    (at least ``MIN_BEYOND``).
+    (at least ``MIN_NEWEST``).
     """
     names = WORK_FEATURES[model]
     n = len(latency_ms)
@@ -115,7 +115,7 @@ def fit_baseline(
     if newest is None:
         return chosen
     new_features, new_latency = newest
-    if len(new_latency) < MIN_BEYOND:
+    if len(new_latency) < MIN_NEWEST:
         return chosen
     if bend and model in SATURATING:
         x = fit_rows[:, [FEATURE_NAMES.index(name) for name in names]].astype(np.float64)
@@ -132,13 +132,13 @@ def fit_baseline(
 
 def _supported_kv_knees(model: str, features: np.ndarray) -> tuple[float, ...]:
     """The ``KV_KNEES`` at which ``model``'s ``KV_SCALED`` term is non-zero on enough of these fit
-    rows (``KV_MIN_SHARE``, at least ``MIN_BEYOND``); none for a model without such a term."""
+    rows (``KV_MIN_SHARE``, at least ``MIN_NEWEST``); none for a model without such a term."""
     work_name = KV_SCALED.get(model)
     if work_name is None:
         return ()
     work = features[:, FEATURE_NAMES.index(work_name)]
     kv = features[:, FEATURE_NAMES.index(KV_FEATURE)].astype(np.float64)
-    support = max(MIN_BEYOND, KV_MIN_SHARE * len(features))
+    support = max(MIN_NEWEST, KV_MIN_SHARE * len(features))
     return tuple(k for k in KV_KNEES if np.count_nonzero((kv > k) & (work > 0)) >= support)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -286,18 +287,48 @@ def test_the_calibration_half_life_covers_a_pool_that_just_slowed_down(tmp_path:
     assert coverage[0.0] < 0.8 and coverage[120.0] >= 0.85, coverage
 
 
-def _rising_load_window(tpot_ms: Any, n: int, seed: int, now: float) -> StratifiedWindow:
-    """20 minutes in which the running requests rise steadily from 1 to 300 (a load that keeps
-    growing); TPOT is ``tpot_ms(running)`` with 3 % noise."""
+def _tpot_world(world: str) -> Callable[[np.ndarray], np.ndarray]:
+    """TPOT (ms) by running requests: "saturating" is flat beyond 30 running requests (a memory-bound
+    decode step, as on the H200 traces), "linear" keeps growing (the simulator's compute-bound step)."""
+
+    def tpot(running: np.ndarray) -> np.ndarray:
+        if world == "saturating":
+            return 20.0 + 0.6 * np.minimum(running, 30.0)
+        return 20.0 + 0.1 * running
+
+    return tpot
+
+
+def _load_window(
+    tpot_ms: Callable[[np.ndarray], np.ndarray],
+    running: Callable[[np.random.Generator, int], np.ndarray],
+    n: int,
+    seed: int,
+    now: float,
+) -> StratifiedWindow:
+    """20 minutes of ``n`` samples whose running requests are ``running(rng, n)`` in time order;
+    TPOT is ``tpot_ms(running)`` with 3 % noise."""
     rng = np.random.default_rng(seed)
     columns = synthetic.samples(n, rng)
-    running = np.geomspace(1, 300, n).round()
-    columns["num_request_running"] = running
-    columns["decode_tokens_in_flight"] = running * 600.0
-    columns["actual_tpot_ms"] = tpot_ms(running) * rng.lognormal(0.0, 0.03, n)
+    load = running(rng, n)
+    columns["num_request_running"] = load
+    columns["decode_tokens_in_flight"] = load * 600.0
+    columns["actual_tpot_ms"] = tpot_ms(load) * rng.lognormal(0.0, 0.03, n)
     window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
     window.insert(columns, now - 1200 + np.linspace(0, 1190, n))
     return window
+
+
+def _median_over_p90(
+    store: ModelStore, tpot_ms: Callable[[np.ndarray], np.ndarray], running: float, seed: int
+) -> float:
+    """Median predicted TPOT of fresh requests at ``running`` running requests over the true p90."""
+    fresh = synthetic.samples(2000, np.random.default_rng(seed))
+    fresh["num_request_running"] = np.full(2000, running)
+    fresh["decode_tokens_in_flight"] = np.full(2000, running * 600.0)
+    predicted = _predict(store.load(), "tpot", fresh)
+    truth_p90 = float(tpot_ms(np.array([running]))[0]) * float(np.exp(0.03 * 1.2816))
+    return float(np.median(predicted)) / truth_p90
 
 
 @pytest.mark.parametrize(("world", "expected"), [("saturating", "bent"), ("linear", "linear")])
@@ -311,32 +342,19 @@ def test_tpots_baseline_bends_where_the_newest_samples_inside_the_trained_range_
     is taken, and requests at 280 running are predicted near their p90. Where TPOT keeps growing,
     the line is kept."""
 
-    def tpot(running: np.ndarray) -> np.ndarray:
-        if world == "saturating":
-            return 20.0 + 0.6 * np.minimum(running, 30.0)
-        return 20.0 + 0.1 * running
+    def plateau(rng: np.random.Generator, n: int) -> np.ndarray:
+        rise = n // 3
+        return np.concatenate([np.geomspace(1, 300, rise), rng.uniform(100, 300, n - rise)]).round()
 
-    now, n = time.time(), 12_000
-    rng = np.random.default_rng(8)
-    columns = synthetic.samples(n, rng)
-    rise = n // 3
-    running = np.concatenate([np.geomspace(1, 300, rise), rng.uniform(100, 300, n - rise)]).round()
-    columns["num_request_running"] = running
-    columns["decode_tokens_in_flight"] = running * 600.0
-    columns["actual_tpot_ms"] = tpot(running) * rng.lognormal(0.0, 0.03, n)
-    window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=7200)
-    window.insert(columns, now - 1200 + np.linspace(0, 1190, n))
+    tpot = _tpot_world(world)
+    now = time.time()
+    window = _load_window(tpot, plateau, 12_000, seed=8, now=now)
     settings = _settings(tmp_path)
     store = ModelStore(settings.store_dir)
     outcome = Trainer(store, settings).run(window.snapshot(), now)
     assert outcome.outcome == "published"
     assert outcome.models["tpot"]["baseline"] == expected
-    fresh = synthetic.samples(2000, np.random.default_rng(9))
-    fresh["num_request_running"] = np.full(2000, 280.0)
-    fresh["decode_tokens_in_flight"] = np.full(2000, 280.0 * 600.0)
-    predicted = _predict(store.load(), "tpot", fresh)
-    truth_p90 = float(tpot(np.array([280.0]))[0]) * float(np.exp(0.03 * 1.2816))
-    ratio = float(np.median(predicted)) / truth_p90
+    ratio = _median_over_p90(store, tpot, 280.0, seed=9)
     assert 0.9 < ratio < 1.12, ratio
 
 
@@ -354,13 +372,9 @@ def test_tpots_baseline_bends_only_where_the_newest_samples_show_it_stopped_grow
     it, the trainer bends the baseline, and a fresh request at 360 running is predicted near its
     p90. Where TPOT keeps growing (the simulator's compute-bound step), the line is kept."""
 
-    def tpot(running: np.ndarray) -> np.ndarray:
-        if world == "saturating":
-            return 20.0 + 0.6 * np.minimum(running, 30.0)
-        return 20.0 + 0.1 * running
-
+    tpot = _tpot_world(world)
     now = time.time()
-    window = _rising_load_window(tpot, 12_000, seed=5, now=now)
+    window = _load_window(tpot, lambda rng, n: np.geomspace(1, 300, n).round(), 12_000, seed=5, now=now)
     settings = _settings(tmp_path)
     store = ModelStore(settings.store_dir)
     outcome = Trainer(store, settings).run(window.snapshot(), now)
@@ -368,10 +382,5 @@ def test_tpots_baseline_bends_only_where_the_newest_samples_show_it_stopped_grow
     assert outcome.models["tpot"]["baseline"] == expected
     baseline = store.load().manifest.models["tpot"].baseline
     assert baseline is not None and (baseline["kind"] == "piecewise-linear") == (expected == "bent")
-    fresh = synthetic.samples(2000, np.random.default_rng(6))
-    fresh["num_request_running"] = np.full(2000, 360.0)
-    fresh["decode_tokens_in_flight"] = np.full(2000, 360.0 * 600.0)
-    predicted = _predict(store.load(), "tpot", fresh)
-    truth_p90 = float(tpot(np.array([360.0]))[0]) * float(np.exp(0.03 * 1.2816))
-    ratio = float(np.median(predicted)) / truth_p90
+    ratio = _median_over_p90(store, tpot, 360.0, seed=6)
     assert 0.9 < ratio < 1.12, ratio
