@@ -305,6 +305,19 @@ HISTORY = """## History of this benchmark
     +14.5, +0.9, +6.6; TTFT p99 at chat high 961 vs 858 ms.
 
   The run this page shows is the newest.
+
+- 2026-12-05, exploratory (validation seeds 2002-2005 only, the four high and bursty loads, 4000
+  requests, one frozen model trained as in this benchmark, in process; not committed): a
+  *stateful* harm term from the scheduler's own record of what it placed where and what has
+  completed: the requests in flight on each pod, each weighted by how tight its TPOT objective is
+  (30 ms / its TPOT SLO), times the prompt tokens the pod must prefill / 1000, in place of the
+  rows' running + waiting. Pooled attainment: composite 78.4%, recommended 79.7%; stateful weight
+  0.01 / 0.03 / 0.1: 79.7 / 80.0 / 80.7%, but TTFT p99 at chat / bursty 4.3 / 4.4 / 6.9 s against
+  composite's 4.4 s, and at prefix-heavy / bursty 5.7 / 6.1 / 6.3 s against 6.1 s. Gated to pods
+  whose predicted TTFT is within 2x or 3x of the best pod's (or within the SLO), weights 0.1 and
+  0.3: 79.9-80.4%, and prefix-heavy / bursty p99 6.5-7.5 s. Interactive requests only (weight 0.1,
+  gate 2x): 76.9%. The same trade-off as the physics term: what it gains comes from requests sent
+  behind longer queues. Not adopted.
 """
 
 
