@@ -38,10 +38,13 @@ sys.path.insert(0, str(REPO))
 from bench.prediction_load import make_rows  # noqa: E402
 from prediction_server import jit_kernels  # noqa: E402
 from prediction_server.jit_forest import JitForests  # noqa: E402
+from prediction_server.jit_layout import GROUP  # noqa: E402
 from shared.features import build_features  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
 
 LANES = 8  # rows per gather (eight 64-bit lanes: one AVX-512 register)
+if GROUP != 8:
+    raise ImportError("_group_walk walks layout groups of exactly 8 trees")
 _I1, _I32, _I64, _F32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
 _VI, _VF = ir.VectorType(_I64, LANES), ir.VectorType(_F32, LANES)
 _VP = ir.VectorType(ir.PointerType(), LANES)
@@ -73,7 +76,7 @@ def _group_walk(typingctx: Any, packed, keys, row_keys, first_node, size, depth,
     ``row_keys[l]``, in tree order (the trees' nodes from ``first_node``, ``size`` each; leaves from
     ``first_leaf``, ``size + 1`` each)."""
     signature = types.void(packed, keys, row_keys, first_node, size, depth, leaves, first_leaf, acc)
-    trees = 8
+    trees = GROUP
 
     def codegen(context, builder, sig, args):  # type: ignore[no-untyped-def]
         arrays = {i: context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1, 2, 6, 8)}
@@ -121,7 +124,7 @@ def _walk_gathered(keys, stride, start, m, packed, leaves, groups, out):  # type
         for g in range(groups.shape[0]):
             depth, first_node, first_leaf, k = groups[g, 0], groups[g, 1], groups[g, 2], groups[g, 3]
             size = (np.int64(1) << depth) - 1
-            if groups[g, 4] != 8:
+            if groups[g, 4] != GROUP:
                 continue
             for lane in range(LANES):
                 acc[lane] = out[k, start + done + lane]
@@ -137,7 +140,7 @@ def _walk_gathered(keys, stride, start, m, packed, leaves, groups, out):  # type
         for g in range(groups.shape[0]):
             depth, first_node, first_leaf, k = groups[g, 0], groups[g, 1], groups[g, 2], groups[g, 3]
             count = groups[g, 4]
-            if j < done and count == 8:
+            if j < done and count == GROUP:
                 continue
             size = (np.int64(1) << depth) - 1
             total = out[k, start + j]
