@@ -327,8 +327,9 @@ HISTORY = """## History of this benchmark
   behind longer queues. Confirmed the other way round: restricted to the pods predicted to meet
   the request's TTFT SLO, and sending a request no pod is predicted to serve in time to the lowest
   predicted TTFT (no sacrifice), the physics term at weights 0.01 / 0.1 / 1 and the stateful one at
-  0.1 / 1 gave 78.8-79.1% pooled, below the recommended policy's 79.7%: its own gain over
-  composite also comes mostly from where it sends the requests that will miss anyway. Not adopted.
+  0.1 / 1 gave 78.8-79.1% pooled, below the recommended policy's 79.7%. Much of its own gain over
+  composite may come from where it sends the requests that will miss anyway (the restriction to
+  TTFT-feasible pods may cost some too; the two were not separated). Not adopted.
 """
 
 
