@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from bench.prediction_load import make_rows  # noqa: E402
 from prediction_server import jit_kernels  # noqa: E402
 from prediction_server.jit_forest import JitForests  # noqa: E402
-from prediction_server.jit_layout import GROUP  # noqa: E402
+from prediction_server.jit_layout import BLOCK, GROUP  # noqa: E402
 from shared.features import build_features  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
 
@@ -162,7 +162,7 @@ def _margins_gathered(X, packed, leaves, groups, base, out):  # type: ignore[no-
         for i in range(n):
             out[k, i] = base[k]
     stride = 2 * nf
-    block = 32
+    block = BLOCK
     keys = np.empty(block * stride, np.uint64)
     for start in range(0, n, block):
         m = min(n, start + block) - start
