@@ -10,7 +10,10 @@ for eight rows at a time with LLVM's ``masked.gather`` (eight 64-bit lanes per g
 independent walks interleaved so the gathers' latency overlaps), over the same tables
 (``JitForests``' packed splits, leaves and groups) and the same keys (``jit_kernels._fill_keys``).
 Leaves are added lane by lane in tree order onto ``base_score``, as XGBoost does, so the margins
-are the served kernel's bits: every cell checks that before it is timed.
+are the served kernel's bits: every cell checks that before it is timed. A group of fewer than eight
+trees and the rows beyond a multiple of eight go through the served kernel's own scalar walk. The
+models are the ones ``bench/prediction_load.py`` serves (``publish_benchmark_model``), the timing is
+``bench/tree_eval.py``'s (per-call medians, the two walks alternating within each run).
 
     OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python bench/gather_walk.py [--trees 200 --depth 6]
 
@@ -22,8 +25,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections.abc import Callable
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +37,12 @@ from numba.extending import intrinsic
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.prediction_load import make_rows  # noqa: E402
+from bench.prediction_load import make_rows, publish_benchmark_model  # noqa: E402
+from bench.tree_eval import _cycling, _timings_us  # noqa: E402
 from prediction_server import jit_kernels  # noqa: E402
 from prediction_server.jit_forest import JitForests  # noqa: E402
 from prediction_server.jit_layout import BLOCK, GROUP  # noqa: E402
+from shared.artifacts import MODEL_NAMES, ModelStore  # noqa: E402
 from shared.features import build_features  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
 
@@ -113,8 +117,10 @@ def _group_walk(typingctx: Any, packed, keys, row_keys, first_node, size, depth,
 
 @numba.njit(nogil=True, boundscheck=False, error_model="numpy")
 def _walk_gathered(keys, stride, start, m, packed, leaves, groups, out):  # type: ignore[no-untyped-def]
-    """``jit_kernels._walk_rows_together``'s contract: eight rows at a time by ``_group_walk`` (groups
-    of fewer than eight trees, and the rows beyond a multiple of eight, by the scalar walk)."""
+    """``jit_kernels._walk_rows_together``'s contract: eight rows at a time by ``_group_walk``; a
+    group of fewer than eight trees, and the rows beyond a multiple of eight, by the served kernel's
+    own scalar walk (``jit_kernels._walk_trees_together``), each in its place so leaves add in tree
+    order."""
     row_keys = np.empty(LANES, np.int64)
     acc = np.empty(LANES, np.float32)
     done = 0
@@ -122,36 +128,23 @@ def _walk_gathered(keys, stride, start, m, packed, leaves, groups, out):  # type
         for lane in range(LANES):
             row_keys[lane] = (done + lane) * stride
         for g in range(groups.shape[0]):
+            if groups[g, 4] != GROUP:
+                block_keys = keys[done * stride :]
+                jit_kernels._walk_trees_together(
+                    block_keys, stride, start + done, LANES, packed, leaves, groups[g : g + 1], out
+                )
+                continue
             depth, first_node, first_leaf, k = groups[g, 0], groups[g, 1], groups[g, 2], groups[g, 3]
             size = (np.int64(1) << depth) - 1
-            if groups[g, 4] != GROUP:
-                continue
             for lane in range(LANES):
                 acc[lane] = out[k, start + done + lane]
             _group_walk(packed, keys, row_keys, first_node, size, depth, leaves, first_leaf, acc)
             for lane in range(LANES):
                 out[k, start + done + lane] = acc[lane]
         done += LANES
-    # Short groups (a model's last trees) for the gathered rows, then every group for the rest, in
-    # tree order per row: a short group is the last of its model, so its leaves come last.
-    mask, shift = np.uint64(0xFFFF), np.uint64(32)
-    for j in range(m):
-        base_key = j * stride
-        for g in range(groups.shape[0]):
-            depth, first_node, first_leaf, k = groups[g, 0], groups[g, 1], groups[g, 2], groups[g, 3]
-            count = groups[g, 4]
-            if j < done and count == GROUP:
-                continue
-            size = (np.int64(1) << depth) - 1
-            total = out[k, start + j]
-            for t in range(count):
-                node = np.int64(0)
-                for _ in range(depth):
-                    split = packed[first_node + t * size + node]
-                    right = keys[base_key + np.int64(split & mask)] >= (split >> shift)
-                    node = node + node + 1 + np.int64(right)
-                total += leaves[first_leaf + t * (size + 1) - size + node]
-            out[k, start + j] = total
+    if done < m:
+        rest = keys[done * stride :]
+        jit_kernels._walk_trees_together(rest, stride, start + done, m - done, packed, leaves, groups, out)
 
 
 @numba.njit(boundscheck=False, error_model="numpy")
@@ -174,40 +167,18 @@ def _margins_gathered(X, packed, leaves, groups, base, out):  # type: ignore[no-
 
 
 def _forests(trees: int, depth: int) -> JitForests:
-    """Two quantile models of ``trees`` x ``depth`` on the prediction benchmark's synthetic rows."""
+    """Both models of the version ``bench/prediction_load.py`` serves at this size, laid out."""
     import xgboost as xgb
 
-    rng = np.random.default_rng(1)
-    X = build_features(parse_rows(make_rows(20_000, 5)))
+    with tempfile.TemporaryDirectory() as tmp:
+        store = ModelStore(Path(tmp))
+        model_set = store.load(publish_benchmark_model(store, trees, depth))
     boosters = []
-    for scale in (1.0, 0.1):
-        y = np.log1p(scale * (50 + X[:, 7] * 0.02 + X[:, 2] * 30) * rng.lognormal(0, 0.3, len(X)))
-        params = {"objective": "reg:quantileerror", "quantile_alpha": 0.9, "max_depth": depth, "nthread": 1}
-        boosters.append(xgb.train(params, xgb.DMatrix(X, label=y), trees))
+    for name in MODEL_NAMES:
+        booster = xgb.Booster()
+        booster.load_model(bytearray(model_set.files[name]))
+        boosters.append(booster)
     return JitForests.from_boosters(boosters)
-
-
-def _cycling(
-    kernel: Callable[..., None], inputs: list[np.ndarray], tables: tuple[np.ndarray, ...], out: np.ndarray
-) -> Callable[[], None]:
-    """A call of ``kernel`` on the next of ``inputs`` each time (fresh rows, as served)."""
-    turn = [0]
-
-    def run() -> None:
-        turn[0] += 1
-        kernel(inputs[turn[0] % len(inputs)], *tables, out)
-
-    return run
-
-
-def _median_us(call: Callable[[], object], calls: int, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - started) / calls * 1e6)
-    return float(np.median(times))
 
 
 def main() -> None:
@@ -216,12 +187,16 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--rows", default="8,10,32,100,1000")
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--run-seconds", type=float, default=0.2, help="time budget per method per run")
     args = parser.parse_args()
     forests = _forests(args.trees, args.depth)
     tables = (forests._packed, forests._leaves, forests._groups, forests._base)
     pool = build_features(parse_rows(make_rows(5_000, 3)))
     pool[::7, 3] = np.nan  # missing values take the default side
-    print(f"both models, {args.trees}x{args.depth} each, fresh rows; µs per call, median of {args.runs} runs")
+    print(
+        f"both models, {args.trees}x{args.depth} each (bench/prediction_load.py's), fresh rows per call; "
+        f"µs per call, median of {args.runs} runs of per-call medians (bench/tree_eval.py's timing)"
+    )
     print("| rows | served walk | gathered walk | gathered / served |")
     print("|---|---|---|---|")
     for n in (int(v) for v in args.rows.split(",")):
@@ -232,10 +207,12 @@ def main() -> None:
             _margins_gathered(X, *tables, gathered)
             if not np.array_equal(served.view(np.uint32), gathered.view(np.uint32)):
                 raise SystemExit(f"{n} rows: the gathered walk's margins differ from the served walk's")
-        calls = max(20, 20_000 // n)
-        a = _median_us(_cycling(jit_kernels.tree_margins, inputs, tables, served), calls, args.runs)
-        b = _median_us(_cycling(_margins_gathered, inputs, tables, gathered), calls, args.runs)
-        print(f"| {n} | {a:,.1f} | {b:,.1f} | {b / a:.2f} |", flush=True)
+        methods = {
+            "served": _cycling(lambda X: jit_kernels.tree_margins(X, *tables, served), inputs),  # noqa: B023
+            "gathered": _cycling(lambda X: _margins_gathered(X, *tables, gathered), inputs),  # noqa: B023
+        }
+        us = _timings_us(methods, args.runs, args.run_seconds)
+        print(f"| {n} | {us['served']:,.1f} | {us['gathered']:,.1f} | {us['gathered'] / us['served']:.2f} |")
 
 
 if __name__ == "__main__":
