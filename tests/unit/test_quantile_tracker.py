@@ -123,6 +123,29 @@ def test_a_queue_bin_seen_only_in_bursts_follows_a_change_seen_where_samples_are
     assert _feed(cal, rng, 1, {0: 1.1, 8: 1.1})[0] > 0.7
 
 
+def test_a_queue_bin_without_its_own_evidence_is_served_at_least_the_bin_below_it() -> None:
+    cal, rng = _calibrator(), np.random.default_rng(7)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 100, {0: 0.0, 4: 0.0})
+    _feed(cal, rng, 1, {8: 0.0})  # waiting=8-15 seen once: 20 samples, fewer than min_samples (30)
+    _feed(cal, rng, 60, {0: 0.0, 4: 1.0})  # the queue at 4-7 got slower (x2.7); 8-15 not seen since
+    offsets = cal.offsets("ttft")
+    assert offsets[_regime(4)] > 1.0 and offsets[_regime(8)] >= offsets[_regime(4)], offsets
+    # So the next burst into 8-15, as slow, is mostly covered from its first batch (0.75-1.0 on
+    # seeds 7-16; by the bin's own offset, ~0.7, 0.05-0.3).
+    assert _feed(cal, rng, 1, {8: 1.0})[0] > 0.6
+
+
+def test_a_queue_bin_with_its_own_evidence_keeps_its_own_offset_below_the_bin_under_it() -> None:
+    # The trees may predict a deeper queue better than a shallow one (the chatbot H200 trace).
+    cal, rng = _calibrator(), np.random.default_rng(8)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    coverage = _feed(cal, rng, 300, {0: 0.6, 2: 0.0})
+    offsets = cal.offsets("ttft")
+    assert offsets[_regime(0)] - offsets[_regime(2)] > 0.4, offsets
+    assert abs(np.mean(coverage[100:]) - Q) < 0.02, np.mean(coverage[100:])
+
+
 def test_a_model_tracked_only_in_its_shared_part_widens_for_the_pool_and_never_narrows() -> None:
     cal, rng = _calibrator(per_regime=()), np.random.default_rng(3)
     cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
