@@ -208,7 +208,8 @@ class TrainingSettings(ServiceSettings):
         default=30,
         ge=2,
         description="Fewest recent samples a regime needs to scale its step by its own residual spread "
-        "(fewer: the spread of all regimes).",
+        "(fewer: the spread of all regimes), and a queue bin to be served its own offset when that is "
+        "below the bin under it (fewer: at least that bin's).",
     )
     calibration_step_ttft: float = Field(
         default=0.05,
