@@ -153,7 +153,6 @@ class RegimeCalibrator:
         self._velocity = dict.fromkeys(models, 0.0)  # the shared part's trend, per batch
         self._theta = {name: np.zeros(scheme.size) for name in models}  # each regime's own part
         self._seen_s = {name: np.full(scheme.size, -np.inf) for name in models}  # last sample per regime
-        self._now_s = -np.inf  # the newest ``observe`` call's clock
         self.trees: dict[str, str] = {}  # model -> SHA-256 of the trees the offsets are for
         self._prior: dict[str, bool] = {}  # model -> those trees are the prior's
 
@@ -170,7 +169,6 @@ class RegimeCalibrator:
         without regime offsets. Moves each regime's tracker, then remembers the rows. A regime
         without samples for ``STALE_S`` (or ever) starts from its nearest neighbour's offset."""
         rings, theta, seen = self._rings[model], self._theta[model], self._seen_s[model]
-        self._now_s = max(self._now_s, now_s)
         regimes = self.scheme.ids(features)
         residual = log_target - base_margin
         common, alpha = self._common[model], 1.0 - self.quantile
@@ -206,13 +204,18 @@ class RegimeCalibrator:
         queue drives latency most, so a queue that grows into a new bin inherits the last one's
         correction. 0 (the trainer's calibration) if no regime has recent samples."""
         kv_bins = len(self.scheme.kv_edges) + 1
-        fresh = (now_s - self._seen_s[model] <= STALE_S) & (self._rings[model].count >= self.min_samples)
-        candidates = np.flatnonzero(fresh)
+        candidates = np.flatnonzero(self._with_evidence(model, now_s))
         if len(candidates) == 0:
             return 0.0
         w, k = divmod(regime, kv_bins)
         distance = np.abs(candidates // kv_bins - w) * kv_bins + np.abs(candidates % kv_bins - k)
         return float(self._theta[model][candidates[np.argmin(distance)]])
+
+    def _with_evidence(self, model: str, now_s: float) -> np.ndarray:
+        """The regimes whose own tracker has recent evidence: at least ``min_samples`` samples held,
+        the newest within ``STALE_S`` of ``now_s``."""
+        recent = self._seen_s[model] >= now_s - STALE_S
+        return recent & (self._rings[model].count >= self.min_samples)
 
     def _spread(self, rings: _RegimeRings, regime: int | None) -> float:
         if regime is not None and rings.count[regime] >= self.min_samples:
@@ -283,8 +286,8 @@ class RegimeCalibrator:
         if model not in self.per_regime:
             return own
         kv_bins = len(self.scheme.kv_edges) + 1
-        stale = self._seen_s[model] < self._now_s - STALE_S
-        young = ((self._rings[model].count < self.min_samples) | stale).reshape(-1, kv_bins)
+        newest_s = max(float(np.max(seen)) for seen in self._seen_s.values())  # the latest batch
+        young = ~self._with_evidence(model, newest_s).reshape(-1, kv_bins)
         served = own.reshape(-1, kv_bins).copy()
         for w in range(1, len(served)):
             served[w] = np.where(young[w], np.maximum(served[w], served[w - 1]), served[w])
