@@ -69,8 +69,22 @@ scored again with them. A regime with enough samples the new trees were not trai
 than their training data: the trainer holds out the newest samples) gets the conformal offset of
 those; any other regime keeps its offset, shifted by the median change of the served margin on its
 samples, so a correction the trees have since learned is not applied twice and one they have not
-learned is kept. Trees that replace the prior start from their own calibration (every offset 0:
-what the prior's offsets corrected was the prior's guess, not theirs). Nothing else is reset, so
+learned is kept. Unless that offset was still short when the new trees came: if it left more of
+the regime's held samples uncovered than ``1 - q`` beyond chance (two binomial standard deviations),
+the tracker was still catching up with them (a burst into a deep queue or a full KV cache is seen
+in a few batches, and the tracker moves by at most ``BATCH_CAP`` samples' worth per batch), and
+keeping the served level would keep its shortfall: the new trees, trained on those samples,
+predict them higher, and the shift would turn the rest of the correction into a *negative*
+offset. Such a regime carries the conformal offset of its held samples instead (the offset that
+would have covered them under the old trees), shifted the same way. Measured in process (the
+simulator's step scenarios x two seeds under completion and arrival feedback): after a first
+burst into a full KV cache the deep regimes' offsets went from +0.4..+0.7 to -0.2..-0.3 at the
+next retrain, so the next, deeper burst was covered 0.05-0.4; with the shortfall judged, the
+queued requests' TTFT coverage of prompts seed 1 went 0.62 -> 0.88 (arrival feedback) and 0.77 ->
+0.90 (completion), overload seed 1's 0.78-0.86 -> 0.87-0.91 (docs/benchmarks-accuracy.md, "A
+regime whose offset was still short at a retrain"). Trees that replace the prior start from their
+own calibration (every offset 0: what the prior's offsets corrected was the prior's guess, not
+theirs). Nothing else is reset, so
 a retrain every second does not throw away what the trackers have followed.
 
 Not thread-safe: owned by the live-scoring thread.
@@ -96,6 +110,7 @@ COMMON_SHARE = 1.0  # step of the shared part, relative to a regime's own step
 STALE_S = 120.0  # a regime without samples this long starts again from its nearest neighbour
 # The shared part's trend term: a velocity that integrates the shared part's moves and leaks per batch.
 TREND_GAIN, TREND_LEAK = 0.05, 0.98
+MIN_SHORTFALL_ROWS = 10  # fewest rows a regime needs before a rebase may judge its offset short
 
 
 class _RegimeRings:
@@ -241,10 +256,11 @@ class RegimeCalibrator:
         regime with at least
         ``min_samples`` newer samples gets the conformal offset of their residuals against the new
         trees (samples the trees never saw, so the offset is not biased low); any other regime
-        keeps its offset, shifted by the median change of the served margin on its samples (old
-        minus new). A model without regime trackers lowers its one offset by how much higher the new
-        trees predict (median over all regimes' samples; never below 0, never raised). Then the
-        trackers follow the new trees."""
+        keeps its offset (or, if it fell short on the regime's held samples beyond chance, their
+        conformal offset against the old trees), shifted by the median change of the served margin
+        on its samples (old minus new). A model without regime trackers lowers its one offset by how
+        much higher the new trees predict (median over all regimes' samples; never below 0, never
+        raised). Then the trackers follow the new trees."""
         self.trees[model] = trees_sha256
         restart, self._prior[model] = self._prior.get(model, False), prior
         rings, theta = self._rings[model], self._theta[model]
@@ -271,7 +287,10 @@ class RegimeCalibrator:
             if model in self.per_regime and np.count_nonzero(unseen) >= self.min_samples:
                 theta[r] = conformal_offset((target - new)[unseen], self.quantile) - self._common[model]
             elif model in self.per_regime and not restart:
-                theta[r] += float(np.median(rings.base[r, :n] - new))
+                own = self._common[model] + theta[r]
+                if _fell_short(rings.residual[r, :n], own, self.quantile):
+                    own = conformal_offset(rings.residual[r, :n], self.quantile)
+                theta[r] = own + float(np.median(rings.base[r, :n] - new)) - self._common[model]
             rings.base[r, :n], rings.residual[r, :n] = new, target - new
             start += n
 
@@ -311,3 +330,11 @@ class RegimeCalibrator:
 
     def samples(self, model: str) -> np.ndarray:
         return self._rings[model].count.copy()
+
+
+def _fell_short(residual: np.ndarray, offset: float, quantile: float) -> bool:
+    """Whether ``offset`` left more than a share ``1 - quantile`` of ``residual`` uncovered beyond
+    chance: by more than two binomial standard deviations, with at least ``MIN_SHORTFALL_ROWS`` rows."""
+    n = len(residual)
+    excess = np.count_nonzero(residual > offset) - n * (1.0 - quantile)
+    return n >= MIN_SHORTFALL_ROWS and excess > 2.0 * np.sqrt(n * quantile * (1.0 - quantile))

@@ -198,3 +198,22 @@ def test_samples_that_share_the_newest_training_timestamp_are_not_taken_as_unsee
     cal.rebase("ttft", "trees-3", lambda f: np.full(len(f), 0.5), stamp - 0.5)
     expected = np.quantile(target - 0.5, Q, method="higher")
     assert abs(cal.offsets("ttft")[_regime(0)] - expected) < 0.1, (cal.offsets("ttft")[_regime(0)], expected)
+
+
+@pytest.mark.parametrize("seed", range(9, 14))
+def test_a_regime_still_short_when_new_trees_come_is_not_carried_into_a_negative_offset(seed: int) -> None:
+    cal, rng = _calibrator(), np.random.default_rng(seed)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 100, {0: 0.0})
+    # Two batches of a burst into a deep queue, 7.4x slower than the trees think: every sample is
+    # missed, and the tracker, which moves by at most BATCH_CAP samples' worth per batch, is still
+    # short of the burst's p90 (+2.38) when new trees come.
+    assert _feed(cal, rng, 2, {16: 2.0}) == [0.0, 0.0]
+    assert cal.offsets("ttft")[_regime(16)] < 1.9, cal.offsets("ttft")
+    # New trees trained on the burst (their margin 2.0 higher there, so they fit it). Keeping the
+    # served level would keep the shortfall as an offset of about 1.5 - 2.0 = -0.5, and the next
+    # burst, as slow, would be covered 0.0-0.1 (seeds 9-18). The regime restarts from the offset
+    # that covered its samples, shifted by the trees' move: about their p90 residual, +0.38.
+    cal.rebase("ttft", "trees-2", lambda f: np.where(f[:, WAITING] >= 16, 2.0, 0.0), float("inf"))
+    assert 0.2 < cal.offsets("ttft")[_regime(16)] < 0.6, cal.offsets("ttft")
+    assert _feed(cal, rng, 1, {16: 0.0})[0] >= 0.8  # residuals against the new trees
