@@ -202,7 +202,7 @@ class TrainingSettings(ServiceSettings):
         default=256,
         ge=20,
         description="Newest samples per regime kept to scale the tracker's step and to carry its offset "
-        "over to new trees.",
+        "over to new trees (restarting it from their conformal offset if it still fell short on them).",
     )
     calibration_min_samples: int = Field(
         default=30,
