@@ -84,8 +84,8 @@ queued requests' TTFT coverage of prompts seed 1 went 0.62 -> 0.88 (arrival feed
 0.90 (completion), overload seed 1's 0.78-0.86 -> 0.87-0.91 (docs/benchmarks-accuracy.md, "A
 regime whose offset was still short at a retrain"). Trees that replace the prior start from their
 own calibration (every offset 0: what the prior's offsets corrected was the prior's guess, not
-theirs). Nothing else is reset, so
-a retrain every second does not throw away what the trackers have followed.
+theirs). Nothing else is reset, so a retrain every second does not throw away what the trackers
+have followed.
 
 Not thread-safe: owned by the live-scoring thread.
 """
