@@ -281,16 +281,17 @@ class RegimeCalibrator:
         for r, part in zip(held, parts, strict=True):
             n = len(part)
             new = margin[start : start + n]
-            target = rings.base[r, :n] + rings.residual[r, :n]
+            before, residual = rings.base[r, :n], rings.residual[r, :n]  # against the old trees
+            target = before + residual
             # Strictly newer: samples of one posted batch share a stamp, and ties may be trained on.
             unseen = rings.stamp[r, :n] > unseen_since_s
             if model in self.per_regime and np.count_nonzero(unseen) >= self.min_samples:
                 theta[r] = conformal_offset((target - new)[unseen], self.quantile) - self._common[model]
             elif model in self.per_regime and not restart:
                 own = self._common[model] + theta[r]
-                if _fell_short(rings.residual[r, :n], own, self.quantile):
-                    own = conformal_offset(rings.residual[r, :n], self.quantile)
-                theta[r] = own + float(np.median(rings.base[r, :n] - new)) - self._common[model]
+                if _fell_short(residual, own, self.quantile):
+                    own = conformal_offset(residual, self.quantile)
+                theta[r] = own + float(np.median(before - new)) - self._common[model]
             rings.base[r, :n], rings.residual[r, :n] = new, target - new
             start += n
 
