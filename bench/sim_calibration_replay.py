@@ -21,8 +21,12 @@ run is measured here, on an otherwise idle process: a busier machine would make 
 staler than this.
 
 Reported per scenario, seed and model, from the same summaries and checks as the evidence
-(``bench.accuracy_targets``): coverage overall, queued coverage, coverage per stage, recovery after each
-step, pinball, targets met (without the pinball ratios: no naive baseline runs here).
+(``bench.accuracy_targets``): coverage overall, queued coverage, coverage per queue depth (waiting
+bins), coverage per stage, recovery after each step, pinball, targets met (without the pinball ratios:
+no naive baseline runs here). ``--timeline`` adds coverage per 10 s; ``--decompose SECONDS`` adds, per
+that many simulated seconds, where the served margin came from: the medians of log1p(actual), of the
+work-ahead baseline, the trees, the trainer's calibration offset and the regime offset, and of what
+is left, with the pods' state (a miss at a burst's onset shows as a positive residual).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_calibration_replay.py [--code CHECKOUT]
 """
@@ -68,7 +72,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     from bench.accuracy_replay import ReplayConfig, ReplayResult, record, simulate_first
     from bench.accuracy_targets import judge, summarise_stream
     from bench.inprocess_training import InProcessTraining
-    from shared.artifacts import MODEL_NAMES
+    from shared.artifacts import MODEL_NAMES, base_margin
     from shared.features import build_features
     from shared.schemas import parse_rows, parse_training_entries
 
@@ -87,6 +91,9 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         predictor = training.predictor()
         arrivals: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush
         asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
+        # --decompose: per request, each model's (trees, baseline, calibration, regime offset) margins
+        parts: dict[int, dict[str, tuple[float, ...]]] = {}
+        decomposed: list[dict[str, tuple[float, ...]]] = []  # in completion order, as result's rows
         buffer: list[dict[str, Any]] = []
         swaps: list[tuple[float, str]] = []  # (simulated time, version) the replicas switch to
         retrain: dict[str, float] = {"busy_until": -1.0, "last_start": -1e9, "anchor": 0.0, "new": 0.0}
@@ -107,7 +114,23 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             kinds = {m: predictor.manifest.model_kind(m) for m in MODEL_NAMES}
             for k, (rid, _) in enumerate(arrivals):
                 asked[rid] = (float(ttft[k]), float(tpot[k]), predictor.manifest.version, kinds)
+            if args.decompose:
+                for rid, row_parts in zip([rid for rid, _ in arrivals], margin_parts(features), strict=True):
+                    parts[rid] = row_parts
             arrivals.clear()
+
+        def margin_parts(features: np.ndarray) -> list[dict[str, tuple[float, ...]]]:
+            """Each row's served margin per model, in its parts (``served_latency_ms``'s terms)."""
+            trees = predictor.forests.margins(features)
+            columns = []
+            for k, m in enumerate(MODEL_NAMES):
+                spec = predictor.manifest.models[m]
+                regime = np.zeros(len(features))
+                if spec.regime_offsets is not None:
+                    regime = spec.regime_offsets.for_rows(features)
+                calibration = np.full(len(features), spec.calibration_offset)
+                columns.append((m, np.stack([trees[k], base_margin(features, spec), calibration, regime], 1)))
+            return [{m: tuple(table[i].tolist()) for m, table in columns} for i in range(len(features))]
 
         def sample(features: dict[str, Any], ttft: float, tpot: float) -> None:
             buffer.append({**features, "actual_ttft_ms": ttft, "actual_tpot_ms": tpot})
@@ -120,6 +143,8 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                     sample(f.features, f.ttft_ms, 0.0)
             for c in done:
                 record(result, c, asked.pop(c.request.request_id))
+                if args.decompose:
+                    decomposed.append(parts.pop(c.request.request_id))
                 if not streaming:
                     sample(c.features, c.ttft_ms, c.tpot_ms)
                 elif c.tpot_ms > 0:
@@ -212,6 +237,49 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             "timeline": timeline(streams[m]),
             "timeline_queued": timeline(queued),
         }
+        if args.decompose:
+            out[m]["decomposition"] = decomposition(result, decomposed, m, args.decompose)
+    return out
+
+
+def decomposition(
+    result: Any, parts: list[dict[str, tuple[float, ...]]], model: str, width_s: float
+) -> list[dict[str, float]]:
+    """Per ``width_s`` of routing time (trained-model requests only): coverage, and the medians of
+    log1p(actual) and of the served margin's parts (``shared.artifacts.served_latency_ms``): the
+    baseline, the trees, the trainer's calibration offset and the regime offset, with what is left
+    (``residual``: log1p(actual) minus all of them; > 0 is a miss at the median) and the pods' state
+    (waiting, KV use, running): where a miss comes from."""
+    t = result.array("routed_at_s")
+    actual = result.array(f"actual_{model}_ms")
+    keep = (actual > 0) & np.asarray(result.trained(model))
+    table = np.array([p[model] for p in parts]).reshape(len(parts), 4)
+    trees, base, calibration, regime = table.T
+    target = np.log1p(actual)
+    served = trees + base + calibration + regime
+    state = {
+        k: np.array([row[k] for row in result.rows], float)
+        for k in ("num_request_waiting", "kv_cache_percentage", "num_request_running")
+    }
+    out = []
+    for lo in np.arange(0.0, float(t.max(initial=0.0)) + width_s, width_s):
+        m = keep & (t >= lo) & (t < lo + width_s)
+        if m.sum() < 10:
+            continue
+        med = {
+            "log_actual": target,
+            "baseline": base,
+            "trees": trees,
+            "calibration": calibration,
+            "regime": regime,
+            "residual": target - served,
+            "waiting": state["num_request_waiting"],
+            "kv": state["kv_cache_percentage"],
+            "running": state["num_request_running"],
+        }
+        cell = {"t": float(lo), "n": int(m.sum()), "coverage": float(np.mean(target[m] <= served[m]))}
+        cell.update({k: float(np.median(v[m])) for k, v in med.items()})
+        out.append(cell)
     return out
 
 
@@ -240,13 +308,18 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
     s, checks = r["summary"], r["checks"]
     queued = s["regime"].get("waiting>0", {})
     stages = " ".join(f"{k.split(':')[0]}:{v['coverage']:.3f}" for k, v in sorted(s["stage"].items()))
+    depths = " ".join(
+        f"{k.removeprefix('waiting=')}:{v['coverage']:.2f}"
+        for k, v in s["depth"].items()
+        if k != "waiting=0-0"
+    )
     recovery = " ".join(str(step["recovery_s"]) for step in s["steps"])
     met = sum(bool(c["pass"]) for c in checks)
     return (
         f"{name} {model.upper()} coverage {s['overall']['coverage']:.3f} "
         f"pinball {s['overall']['pinball_ms']:.3g} ms queued "
-        f"{queued.get('coverage', float('nan')):.3f} (n={queued.get('samples', 0)}) stages {stages} "
-        f"recovery {recovery} met {met}/{len(checks)}"
+        f"{queued.get('coverage', float('nan')):.3f} (n={queued.get('samples', 0)}) by waiting {depths} "
+        f"stages {stages} recovery {recovery} met {met}/{len(checks)}"
     )
 
 
@@ -258,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pickup-s", type=float, default=0.2, help="wall s until replicas serve a version")
     parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
+    parser.add_argument(
+        "--decompose",
+        type=float,
+        metavar="SECONDS",
+        help="also print, per this many simulated s, the medians of the served margin's parts "
+        "(baseline, trees, calibration, regime offset) against log1p(actual), and the pods' state",
+    )
     parser.add_argument("--json", type=Path)
     add_arguments(parser, "calibration_step_ttft=0.1")
     args = parser.parse_args(argv)
@@ -280,6 +360,15 @@ def main(argv: list[str] | None = None) -> int:
                             f"{w['t']:g}:{w['coverage']:.2f}/{w['log_ratio']:+.2f}" for w in windows
                         )
                         print(f"  {key.replace('timeline', 'all').replace('all_', '')}: {cells}", flush=True)
+                for w in r[model].get("decomposition", []):
+                    print(
+                        f"  {w['t']:g} s n={w['n']} coverage {w['coverage']:.2f}: log1p(actual) "
+                        f"{w['log_actual']:.2f} = baseline {w['baseline']:.2f} trees {w['trees']:+.2f} "
+                        f"calibration {w['calibration']:+.2f} regime {w['regime']:+.2f} "
+                        f"residual {w['residual']:+.2f} | waiting {w['waiting']:.0f} "
+                        f"kv {w['kv']:.2f} running {w['running']:.0f}",
+                        flush=True,
+                    )
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0
