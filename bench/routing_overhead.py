@@ -10,8 +10,8 @@ samples (heuristic routing of one chat workload), then times whole routing decis
 same simulated pod states, alternating, decision by decision, between
 
 - today's call: ``SloHeadroom("spread")``, 8 rows per call;
-- the recommended ``default_policy()`` (chance objective, physics harm term and cache term: the
-  harm is computed from the rows, so 8 rows);
+- the recommended ``default_policy()`` (expected-attainment objective, physics harm, cache and
+  TTFT terms: all computed from the rows and their predictions, so 8 rows);
 - ``default_policy(harm="tpot", harm_weight=1)``: the model-based harm, 8 candidate rows + 8
   "with this request" rows.
 

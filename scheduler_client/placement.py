@@ -38,6 +38,7 @@ How the harm is estimated (``harm``):
 The cost of pod p, lower is better:
 
     cost_p = own_p + harm_weight * harm_p + cache_weight * (1 - prefix_cache_score_p)
+             + ttft_cost_per_s * predicted_ttft_p / 1000
 
 The own term depends on ``objective``:
 
@@ -49,6 +50,15 @@ The own term depends on ``objective``:
   a log-normal with assumed spreads). Attainment counts requests that meet *both* objectives;
   headroom ranks an interactive request by its wide TTFT margin while its tight TPOT is what it
   misses.
+- ``"expected"``: ``-P(meet both SLOs on p)``, the request's own contribution to the expected
+  attainment. Unlike ``-ln P``, it does not pay any price for a slightly better chance of a
+  request that will miss anyway: for such a request the other terms decide (what it costs the
+  pod's requests, its predicted TTFT below). Its scale is 1 where ``-ln P``'s is unbounded, so its
+  weights are smaller.
+
+``ttft_cost_per_s`` adds that much per second of the request's own predicted TTFT, with any
+objective: it keeps a request that cannot meet its SLO from being sent behind a long queue only
+because the queue's pod holds its prefix or few other requests (the TTFT tail).
 
 The cache term is the share of the prompt pod p must prefill: the work the placement adds to
 that pod, which every request there pays for in longer steps, and the prefix it may evict. (Own
@@ -71,10 +81,11 @@ from scheduler_client.picking import Picker
 from scheduler_client.policies import PredictedPolicy, SloHeadroom
 from scheduler_client.types import Prediction, RoutingRequest, Row, meets_slo
 
-__all__ = ["HarmKind", "PlacementCost", "uncached_tokens", "with_request"]
+__all__ = ["HarmKind", "Objective", "PlacementCost", "uncached_tokens", "with_request"]
 
 DEFAULT_OTHERS_TPOT_SLO_MS = 50.0
 HarmKind = Literal["physics", "tpot"]
+Objective = Literal["headroom", "chance", "expected"]
 
 
 def uncached_tokens(row: Row) -> int:
@@ -98,8 +109,9 @@ def with_request(row: Row) -> dict[str, object]:
 
 
 class PlacementCost(PredictedPolicy):
-    """Own SLO headroom (or chance) + ``harm_weight`` x predicted TPOT harm to the pod's requests
-    + ``cache_weight`` x the uncached share of the prompt (see the module docstring)."""
+    """Own SLO headroom (or chance, or expected attainment) + ``harm_weight`` x predicted TPOT harm
+    to the pod's requests + ``cache_weight`` x the uncached share of the prompt + ``ttft_cost_per_s``
+    x its predicted TTFT in seconds (see the module docstring)."""
 
     name = "placement-cost"
 
@@ -108,7 +120,8 @@ class PlacementCost(PredictedPolicy):
         harm_weight: float = 1.0,
         *,
         cache_weight: float = 0.0,
-        objective: Literal["headroom", "chance"] = "headroom",
+        objective: Objective = "headroom",
+        ttft_cost_per_s: float = 0.0,
         harm: HarmKind = "tpot",
         decode_equivalent_tokens: float = 0.0,
         spreads: Spreads = DEFAULT_SPREADS,
@@ -122,8 +135,10 @@ class PlacementCost(PredictedPolicy):
             raise ValueError("harm_weight must be a finite number >= 0")
         if cache_weight < 0 or not math.isfinite(cache_weight):
             raise ValueError("cache_weight must be a finite number >= 0")
-        if objective not in ("headroom", "chance"):
-            raise ValueError("objective must be 'headroom' or 'chance'")
+        if objective not in ("headroom", "chance", "expected"):
+            raise ValueError("objective must be 'headroom', 'chance' or 'expected'")
+        if ttft_cost_per_s < 0 or not math.isfinite(ttft_cost_per_s):
+            raise ValueError("ttft_cost_per_s must be a finite number >= 0")
         if harm not in ("physics", "tpot"):
             raise ValueError("harm must be 'physics' or 'tpot'")
         if decode_equivalent_tokens < 0 or not math.isfinite(decode_equivalent_tokens):
@@ -134,6 +149,7 @@ class PlacementCost(PredictedPolicy):
         self.harm_weight = harm_weight
         self.cache_weight = cache_weight
         self.objective = objective
+        self.ttft_cost_per_s = ttft_cost_per_s
         self.harm = harm
         self.decode_equivalent_tokens = decode_equivalent_tokens
         self.spreads = spreads
@@ -180,6 +196,9 @@ class PlacementCost(PredictedPolicy):
         elif self.objective == "chance":
             own = [-log_chance(request, p, self.spreads) for p in predictions]
             reason = "chance of meeting the SLO"
+        elif self.objective == "expected":
+            own = [-math.exp(log_chance(request, p, self.spreads)) for p in predictions]
+            reason = "expected attainment"
         else:
             own = []
             meeting = [meets_slo(request, p) for p in predictions]
@@ -191,7 +210,10 @@ class PlacementCost(PredictedPolicy):
                 own.append(-h if ok or not any(meeting) else math.inf)
             reason = "pods meeting the SLO" if any(meeting) else "no pod meets the SLO: least shortfall"
         costs = [
-            c + self.harm_weight * harm + self.cache_weight * (1.0 - float(row["prefix_cache_score"]))
-            for c, harm, row in zip(own, harms, rows, strict=True)
+            c
+            + self.harm_weight * harm
+            + self.cache_weight * (1.0 - float(row["prefix_cache_score"]))
+            + self.ttft_cost_per_s * p.ttft_ms / 1000.0
+            for c, harm, row, p in zip(own, harms, rows, predictions, strict=True)
         ]
         return costs, f"placement cost; {reason}"

@@ -30,6 +30,8 @@ from scheduler_client.recommended import (
     CACHE_WEIGHT,
     HARM_KIND,
     HARM_WEIGHT,
+    OBJECTIVE,
+    TTFT_COST_PER_S,
 )
 from stack.simulator import Cluster, PodConfig, SimRequest
 from tests.harm_scene import LONG_PROMPT, harm_scene
@@ -132,7 +134,8 @@ def test_default_policy_is_the_documented_shape() -> None:
     assert policy.epsilon == 0.05 and policy.ttft_margin_ms == 50.0 and policy.ttft_margin_frac == 0.25
     assert isinstance(policy.base, PlacementCost) and policy.base.harm_weight == HARM_WEIGHT
     assert policy.base.harm == HARM_KIND == "physics"
-    assert policy.base.objective == "chance" and policy.base.cache_weight == CACHE_WEIGHT
+    assert policy.base.objective == OBJECTIVE == "expected" and policy.base.cache_weight == CACHE_WEIGHT
+    assert policy.base.ttft_cost_per_s == TTFT_COST_PER_S > 0
     assert policy.extra_rows(BATCH, [row(running=1)]) == []  # the physics harm needs no extra rows
     assert default_policy(harm="tpot", harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
     shedding = default_policy(admission=True)
@@ -144,6 +147,30 @@ def test_default_policy_is_the_documented_shape() -> None:
     assert first == [default_policy(seed=5).choose(BATCH, rows, own, own).pod]
 
 
+def test_expected_attainment_lets_a_request_that_will_miss_anyway_spare_the_others() -> None:
+    """An interactive request misses its TPOT objective on both pods (the one with fewer requests
+    gives it a slightly better, still tiny, chance). ``-ln P`` pays for that chance and piles its
+    uncached prefill onto the pod with 12 requests decoding; ``-P`` sees no difference worth paying
+    for and the physics harm sends it to the pod with 5. Where the chance is real, both agree."""
+    rows = [row(running=12), row(running=5)]
+    hopeless = [Prediction(120.0, 90.0), Prediction(120.0, 120.0)]  # TPOT SLO 30 ms: P ~ 9e-3, 4e-4
+    assert log_chance(INTERACTIVE, hopeless[0]) > log_chance(INTERACTIVE, hopeless[1]) + 2.0
+    chance = PlacementCost(0.005, objective="chance", harm="physics")
+    expected = PlacementCost(0.005, objective="expected", harm="physics")
+    assert chance.choose(INTERACTIVE, rows, hopeless).pod == 0
+    assert expected.choose(INTERACTIVE, rows, hopeless).pod == 1
+    likely = [Prediction(120.0, 20.0), Prediction(120.0, 45.0)]  # P ~ 0.99 against ~ 0.47
+    assert chance.choose(INTERACTIVE, rows, likely).pod == expected.choose(INTERACTIVE, rows, likely).pod == 0
+    # The TTFT cost keeps a request that misses everywhere off the pod where it would wait longest.
+    slow_start = [Prediction(3000.0, 60.0), Prediction(400.0, 150.0)]  # P ~ 2e-5 and 1e-5
+    untimed = PlacementCost(0.0, objective="expected", harm="physics")
+    assert untimed.choose(INTERACTIVE, rows, slow_start).pod == 0
+    timed = PlacementCost(0.0, objective="expected", harm="physics", ttft_cost_per_s=0.35)
+    assert timed.choose(INTERACTIVE, rows, slow_start).pod == 1
+    with pytest.raises(ValueError):
+        PlacementCost(0.0, ttft_cost_per_s=-1.0)
+
+
 def test_the_readme_documents_default_policy_as_it_is() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
@@ -151,8 +178,9 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     assert f"plus harm weight {HARM_WEIGHT:g} x the requests on the pod x the prompt tokens" in readme
     assert HARM_WEIGHT > 0 and HARM_KIND == "physics"
     assert f"plus cache weight {CACHE_WEIGHT:g} x the share of the prompt" in readme
-    assert "-ln P(meeting both the TTFT and the TPOT SLO)" in readme
-    assert isinstance(default_policy().base, PlacementCost) and default_policy().base.objective == "chance"
+    assert f"plus {TTFT_COST_PER_S:g} x its predicted TTFT there in seconds" in readme
+    assert "the lowest -P(meeting both the TTFT and the TPOT SLO)" in readme
+    assert isinstance(default_policy().base, PlacementCost) and default_policy().base.objective == "expected"
     assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # no extra rows are sent
     assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
     policy = default_policy()
