@@ -181,6 +181,12 @@ model-based harm call adds 0.10 ms (0.15 ms paired). The wall-time p99s over HTT
 machine's scheduling noise: unpinned at nice 15, the policy that sends exactly today's rows
 came out 1.9 ms slower at p99; pinned, all three are within 0.15 ms (the paired wall p99,
 about +5.4 ms for both, is two back-to-back calls of which one waited for the core).
+
+Re-measured on 2026-12-05 with the expected-attainment objective (`taskset -c 1 .venv/bin/python
+-m bench.routing_overhead --decisions 1000`, pinned as above): CPU in process p50 / p99 0.201 /
+0.897 ms today, 0.220 / 0.920 ms `default_policy()`, 0.262 / 0.979 ms with the 16 model-based
+harm rows; `default_policy()` adds +0.022 ms at p99 (paired p50 / p99 +0.019 / +0.077 ms). Over
+HTTP its p99 was 6.2 ms against today's 6.7 ms, the core's scheduling noise again.
 """
 
 
