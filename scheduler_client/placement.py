@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 from scheduler_client.odds import DEFAULT_SPREADS, Spreads, log_chance
 from scheduler_client.picking import Picker
@@ -135,8 +135,8 @@ class PlacementCost(PredictedPolicy):
             raise ValueError("harm_weight must be a finite number >= 0")
         if cache_weight < 0 or not math.isfinite(cache_weight):
             raise ValueError("cache_weight must be a finite number >= 0")
-        if objective not in ("headroom", "chance", "expected"):
-            raise ValueError("objective must be 'headroom', 'chance' or 'expected'")
+        if objective not in get_args(Objective):
+            raise ValueError(f"objective must be one of {get_args(Objective)}")
         if ttft_cost_per_s < 0 or not math.isfinite(ttft_cost_per_s):
             raise ValueError("ttft_cost_per_s must be a finite number >= 0")
         if harm not in ("physics", "tpot"):
