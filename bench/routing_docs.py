@@ -191,10 +191,11 @@ HTTP its p99 was 6.2 ms against today's 6.7 ms, the core's scheduling noise agai
 
 
 TRADEOFF = """The harm weight is where the trade-off lies. The tuning takes the best attainment among
-the settings whose TTFT p99 is no longer than composite's at every validation load. By
-attainment alone it picks weight 1 (80.8% vs composite's 78.4% on the validation seeds in the
-first tuning run, but TTFT p99 7.7 s vs 4.4 s at chat / bursty): the first full run of this
-version, identical except that tuning rule, chose weight 1 and admission slack 0 and gave
+the settings whose TTFT p99 is no longer than composite's at every validation load. With the
+previous objective (-ln P; this paragraph and the next are about that version), by attainment
+alone it picked weight 1 (80.8% vs composite's 78.4% on the validation seeds in the first tuning
+run, but TTFT p99 7.7 s vs 4.4 s at chat / bursty): the first full run of that version,
+identical except that tuning rule, chose weight 1 and admission slack 0 and gave
 routing alone +1.0, +3.9, +1.3 and +1.4 points at the four high and bursty loads, with TTFT p99
 1328 vs 858 ms (chat / high) and 5419 vs 3233 ms (chat / bursty). At that weight the harm
 (hundreds of units in a burst) outweighs the request's own -ln P and sends requests that cannot
