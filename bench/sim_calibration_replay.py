@@ -261,22 +261,22 @@ def decomposition(
         k: np.array([row[k] for row in result.rows], float)
         for k in ("num_request_waiting", "kv_cache_percentage", "num_request_running")
     }
+    med = {
+        "log_actual": target,
+        "baseline": base,
+        "trees": trees,
+        "calibration": calibration,
+        "regime": regime,
+        "residual": target - served,
+        "waiting": state["num_request_waiting"],
+        "kv": state["kv_cache_percentage"],
+        "running": state["num_request_running"],
+    }
     out = []
     for lo in np.arange(0.0, float(t.max(initial=0.0)) + width_s, width_s):
         m = keep & (t >= lo) & (t < lo + width_s)
         if m.sum() < 10:
             continue
-        med = {
-            "log_actual": target,
-            "baseline": base,
-            "trees": trees,
-            "calibration": calibration,
-            "regime": regime,
-            "residual": target - served,
-            "waiting": state["num_request_waiting"],
-            "kv": state["kv_cache_percentage"],
-            "running": state["num_request_running"],
-        }
         cell = {"t": float(lo), "n": int(m.sum()), "coverage": float(np.mean(target[m] <= served[m]))}
         cell.update({k: float(np.median(v[m])) for k, v in med.items()})
         out.append(cell)
