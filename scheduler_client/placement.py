@@ -139,8 +139,8 @@ class PlacementCost(PredictedPolicy):
             raise ValueError(f"objective must be one of {get_args(Objective)}")
         if ttft_cost_per_s < 0 or not math.isfinite(ttft_cost_per_s):
             raise ValueError("ttft_cost_per_s must be a finite number >= 0")
-        if harm not in ("physics", "tpot"):
-            raise ValueError("harm must be 'physics' or 'tpot'")
+        if harm not in get_args(HarmKind):
+            raise ValueError(f"harm must be one of {get_args(HarmKind)}")
         if decode_equivalent_tokens < 0 or not math.isfinite(decode_equivalent_tokens):
             raise ValueError("decode_equivalent_tokens must be a finite number >= 0")
         if others_tpot_slo_ms is not None and not others_tpot_slo_ms > 0:
