@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,15 +83,20 @@ def workload_config(rate_rps: float, *, burstiness: float, seed: int, num_reques
     )
 
 
-def with_slos(requests: list[SimRequest], seed: int) -> list[tuple[SimRequest, RoutingRequest]]:
-    """Attach an SLO class and a sheddable flag to each request, from a stream seeded by ``seed``."""
+def with_slos(
+    requests: list[SimRequest],
+    seed: int,
+    slo_classes: Sequence[tuple[str, float, float, float]] = SLO_CLASSES,
+) -> list[tuple[SimRequest, RoutingRequest]]:
+    """Attach an SLO class (of ``slo_classes``) and a sheddable flag to each request, from a stream
+    seeded by ``seed``."""
     rng = np.random.default_rng([seed, 0x510])
-    shares = np.array([share for _, share, _, _ in SLO_CLASSES])
-    classes = rng.choice(len(SLO_CLASSES), size=len(requests), p=shares / shares.sum())
+    shares = np.array([share for _, share, _, _ in slo_classes])
+    classes = rng.choice(len(slo_classes), size=len(requests), p=shares / shares.sum())
     sheddable = rng.random(len(requests)) < SHEDDABLE_SHARE
     out = []
     for req, cls, shed in zip(requests, classes.tolist(), sheddable.tolist(), strict=True):
-        _, _, ttft_slo, tpot_slo = SLO_CLASSES[cls]
+        _, _, ttft_slo, tpot_slo = slo_classes[cls]
         req = dataclasses.replace(req, ttft_slo_ms=ttft_slo, tpot_slo_ms=tpot_slo)
         out.append((req, RoutingRequest(ttft_slo, tpot_slo, sheddable=bool(shed))))
     return out
@@ -159,8 +164,14 @@ async def run_policy(
     *,
     feed: LatencyClient | None = None,
     on_completion: Callable[[Completion], None] | None = None,
+    on_arrival: Callable[[float], None] | None = None,
+    slo_classes: Sequence[tuple[str, float, float, float]] = SLO_CLASSES,
 ) -> RunResult:
-    """Simulate ``scenario`` routed by ``policy``; predictions from ``client``, samples fed to ``feed``."""
+    """Simulate ``scenario`` routed by ``policy``; predictions from ``client``, samples fed to ``feed``.
+
+    ``on_arrival(t_s)`` is called at each arrival before the pool advances to it (an online learner
+    uses it to take in the samples due by then); ``slo_classes`` replaces ``SLO_CLASSES``.
+    """
     if policy.uses_predictions and client is None:
         raise ValueError(f"policy {policy.name} needs a LatencyClient")
     arrivals = scenario.requests()
@@ -179,9 +190,11 @@ async def run_policy(
             if on_completion is not None:
                 on_completion(c)
 
-    for i, (req, routing) in enumerate(with_slos(arrivals, scenario.workload.seed)):
+    for i, (req, routing) in enumerate(with_slos(arrivals, scenario.workload.seed, slo_classes)):
         if i % 256 == 255:
             await asyncio.sleep(0)  # let other runs' calls and timers proceed
+        if on_arrival is not None:
+            on_arrival(req.arrival_s)
         finished(cluster.advance_to(req.arrival_s))
         rows = cluster.candidate_rows(req)
         if policy.uses_predictions and client is not None:
