@@ -42,12 +42,15 @@ from typing import Any
 
 import numpy as np
 
+from bench.inprocess_training import InProcessTraining
 from bench.routing_setup import HEURISTICS
 from bench.routing_sim import Scenario, run_policy, workload_config
+from bench.sim_calibration_replay import EPOCH, SimClock
 from scheduler_client import Policy, Prediction, default_policy
+from shared.features import build_features
+from shared.schemas import parse_rows, parse_training_entries
 from stack.simulator import Completion, PodConfig
 
-EPOCH = 1.7e9  # simulated time 0 as epoch seconds (the training server stamps samples with them)
 SLO = (("one", 1.0, 2000.0, 100.0),)
 RECOMMENDED = "recommended"
 
@@ -56,8 +59,6 @@ class OnlineModel:
     """A training server learning from completions while a policy routes (see the module docstring)."""
 
     def __init__(self, directory: Path, pickup_s: float) -> None:
-        from bench.inprocess_training import InProcessTraining
-
         self.training = InProcessTraining(directory, 0.9)
         self.predictor = self.training.predictor()
         self.pickup_s = pickup_s
@@ -70,9 +71,6 @@ class OnlineModel:
         self.retrains = self.published = 0
 
     async def predict_for_routing(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
-        from shared.features import build_features
-        from shared.schemas import parse_rows
-
         ttft, tpot = self.predictor.predict(build_features(parse_rows(list(rows))))
         version = self.predictor.manifest.version
         return [Prediction(a, b, version) for a, b in zip(ttft.tolist(), tpot.tolist(), strict=True)]
@@ -86,8 +84,6 @@ class OnlineModel:
             self.next_flush_s += 1.0
 
     def _flush(self, t_s: float) -> None:
-        from shared.schemas import parse_training_entries
-
         due = [v for at, v in self.swaps if at <= t_s]
         if due:
             self.swaps = [(at, v) for at, v in self.swaps if at > t_s]
@@ -140,18 +136,16 @@ def run_one(job: tuple[str, int, dict[str, Any], dict[str, dict[str, Any]]]) -> 
 
     name, seed, cfg, variants = job
     policy = policy_for(name, seed, variants)
-    clock = {"t": 0.0}
+    clock = SimClock(speed=1.0)  # one wall second per simulated second
     # The live scorer's publish interval is in its clock's seconds: make them simulated ones.
-    live_scoring.time = types.SimpleNamespace(  # type: ignore[attr-defined]
-        time=lambda: EPOCH + clock["t"], monotonic=lambda: clock["t"]
-    )
+    live_scoring.time = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)  # type: ignore[attr-defined]
     done: list[Completion] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="routing-online-") as tmp:
         model = OnlineModel(Path(tmp), cfg["pickup_s"]) if policy.uses_predictions else None
 
         def arrival(t_s: float) -> None:
-            clock["t"] = t_s
+            clock.now_s = t_s
             if model is not None:
                 model.advance_to(t_s)
 
