@@ -60,6 +60,12 @@ The own term depends on ``objective``:
 objective: it keeps a request that cannot meet its SLO from being sent behind a long queue only
 because the queue's pod holds its prefix or few other requests (the TTFT tail).
 
+``hopeless_chance`` (off by default): a request whose chance of meeting its SLO (as for
+``"chance"``) is below it on every pod goes where it starts soonest (the lowest predicted TTFT),
+whatever the other terms say: the opposite of ``SloHeadroom``'s sacrifice rule. It keeps the TTFT
+tail short when the harm term (or ``decode_equivalent_tokens``) is strong enough to send requests
+that will miss anyway behind a long queue on a pod with fewer requests.
+
 The cache term is the share of the prompt pod p must prefill: the work the placement adds to
 that pod, which every request there pays for in longer steps, and the prefix it may evict. (Own
 predicted TTFT sees only the request's own share of a cache miss.) ``others_tpot_slo_ms`` is the
@@ -124,6 +130,7 @@ class PlacementCost(PredictedPolicy):
         ttft_cost_per_s: float = 0.0,
         harm: HarmKind = "tpot",
         decode_equivalent_tokens: float = 0.0,
+        hopeless_chance: float = 0.0,
         spreads: Spreads = DEFAULT_SPREADS,
         others_tpot_slo_ms: float | None = None,
         ttft_weight: float = 0.5,
@@ -143,6 +150,8 @@ class PlacementCost(PredictedPolicy):
             raise ValueError(f"harm must be one of {get_args(HarmKind)}")
         if decode_equivalent_tokens < 0 or not math.isfinite(decode_equivalent_tokens):
             raise ValueError("decode_equivalent_tokens must be a finite number >= 0")
+        if not 0.0 <= hopeless_chance < 1.0:
+            raise ValueError("hopeless_chance must be in [0, 1)")
         if others_tpot_slo_ms is not None and not others_tpot_slo_ms > 0:
             raise ValueError("others_tpot_slo_ms must be > 0 (or None)")
         super().__init__(picker, seed=seed)
@@ -152,6 +161,7 @@ class PlacementCost(PredictedPolicy):
         self.ttft_cost_per_s = ttft_cost_per_s
         self.harm = harm
         self.decode_equivalent_tokens = decode_equivalent_tokens
+        self.hopeless_chance = hopeless_chance
         self.spreads = spreads
         self.others_tpot_slo_ms = others_tpot_slo_ms
         self._own = SloHeadroom("spread", ttft_weight=ttft_weight, tpot_weight=tpot_weight)
@@ -189,6 +199,11 @@ class PlacementCost(PredictedPolicy):
         predictions: Sequence[Prediction],
         extra: Sequence[Prediction] = (),
     ) -> tuple[list[float], str]:
+        if self.hopeless_chance and request.has_slo:
+            chances = [math.exp(log_chance(request, p, self.spreads)) for p in predictions]
+            if max(chances) < self.hopeless_chance:
+                reason = "placement cost; no pod gives it a chance: soonest start"
+                return [p.ttft_ms for p in predictions], reason
         harms = self.harms(request, rows, predictions, extra)
         if not request.has_slo:
             own = [p.ttft_ms / 1000.0 + p.tpot_ms / DEFAULT_OTHERS_TPOT_SLO_MS for p in predictions]

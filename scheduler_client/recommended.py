@@ -63,8 +63,14 @@ def default_policy(
     harm: HarmKind = HARM_KIND,
     objective: Objective = OBJECTIVE,
     ttft_cost_per_s: float = TTFT_COST_PER_S,
+    decode_equivalent_tokens: float = 0.0,
+    hopeless_chance: float = 0.0,
 ) -> Policy:
-    """The recommended policy (see the module docstring); reproducible from ``seed``."""
+    """The recommended policy (see the module docstring); reproducible from ``seed``.
+
+    ``decode_equivalent_tokens`` and ``hopeless_chance`` (``PlacementCost``'s; off in the
+    recommended setting) are here for benchmarks of variants (``bench.routing_online``).
+    """
     policy: Policy = PrefixAffinity(
         PlacementCost(
             harm_weight=harm_weight,
@@ -72,6 +78,8 @@ def default_policy(
             objective=objective,
             harm=harm,
             ttft_cost_per_s=ttft_cost_per_s,
+            decode_equivalent_tokens=decode_equivalent_tokens,
+            hopeless_chance=hopeless_chance,
             seed=seed,
         ),
         threshold=AFFINITY_THRESHOLD,

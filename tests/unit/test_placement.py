@@ -171,6 +171,25 @@ def test_expected_attainment_lets_a_request_that_will_miss_anyway_spare_the_othe
         PlacementCost(0.0, ttft_cost_per_s=-1.0)
 
 
+def test_a_request_no_pod_gives_a_chance_starts_soonest_with_hopeless_chance() -> None:
+    """With a strong per-request term (the decode equivalent), the harm sends a request that misses
+    on both pods behind the long queue of the pod with fewer requests; with ``hopeless_chance`` it
+    goes where it starts soonest. A request with a real chance somewhere is not affected."""
+    rows = [row(running=40), row(running=20, waiting=15)]
+    hopeless = [Prediction(300.0, 90.0), Prediction(6000.0, 80.0)]  # TPOT SLO 30 ms: P < 1e-2 on both
+    strong = PlacementCost(0.005, objective="expected", harm="physics", decode_equivalent_tokens=8000)
+    assert strong.choose(INTERACTIVE, rows, hopeless).pod == 1
+    guarded = PlacementCost(
+        0.005, objective="expected", harm="physics", decode_equivalent_tokens=8000, hopeless_chance=0.05
+    )
+    decision = guarded.choose(INTERACTIVE, rows, hopeless)
+    assert decision.pod == 0 and "soonest start" in decision.reason
+    likely = [Prediction(300.0, 90.0), Prediction(200.0, 20.0)]  # a real chance on pod 1
+    assert guarded.choose(INTERACTIVE, rows, likely).pod == strong.choose(INTERACTIVE, rows, likely).pod == 1
+    with pytest.raises(ValueError):
+        PlacementCost(0.0, hopeless_chance=1.0)
+
+
 def test_the_readme_documents_default_policy_as_it_is() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
