@@ -224,7 +224,10 @@ TTFT p99 at 20 req/s: composite 32.9 s, recommended 33.7 s, harm 0.02 40.9 s, de
 the hopeless rule 33.8 s; TPOT p90: every heuristic 105-107 ms, recommended 113-116 ms.
 
 **What this says.** Here the recommended policy does **not** beat the heuristics: it ties composite
-(-0.3 to -1.0 points) and loses 0.9-2.7 points to least-kv. It misses fewer TTFT objectives and many
+(-0.3 to -1.0 points) and loses 0.9-2.7 points to least-kv. Learning online is not the cause: in
+the same harness with this page's pods, SLO classes and chat mix (90 req/s, burstiness 0.6, 8000
+requests, seeds 2002, 2003; exploratory) it had 57.6% against composite's 54.9% and least-kv's
+57.4%. It misses fewer TTFT objectives and many
 more TPOT ones, the pattern the issue reported: with TTFTs of many seconds, its TTFT cost of
 0.25 per s outweighs the harm term (tuned where TTFTs are hundreds of ms), so it routes by its own
 TTFT and puts prefill work next to decoding requests. A four times stronger harm term with a
