@@ -22,7 +22,9 @@ benchmark is that shape on our simulator:
   prediction server's code, as ``routing_local``); the heuristics need no model.
 
 Attainment counts every arrival; the first ``--warm`` requests are also left out in a second
-column (the model is the prior at the start).
+column (the model is the prior at the start). Retrains take simulated time as long as they take
+wall time, so on a busy host the served model is staler: run it on an otherwise idle host, and not
+beside another benchmark.
 """
 
 from __future__ import annotations
