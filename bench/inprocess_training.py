@@ -11,6 +11,8 @@ and the same on every run. Imported lazily by the replays (after their ``--code`
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +83,61 @@ class InProcessTraining:
     def predictor(self, version: str | None = None) -> Predictor:
         """The serving path on ``version`` (default: the store's current one), as a replica loads it."""
         return Predictor.from_model_set(self.store.load(version))
+
+
+class ServiceSchedule:
+    """When an ``InProcessTraining`` retrains and when the replicas switch versions, as the services
+    do, on simulated time (``speed`` simulated s per wall s).
+
+    The retrain rule is ``training_server.scheduler``'s: once ``min_new_samples`` and
+    ``min_new_fraction`` of the window arrived since the last run (at most once per
+    ``retrain_min_gap_s``, which does not delay the first run), or when ``retrain_interval_s``
+    passed with a new sample (counted from the start, then from each run); both in wall seconds. A
+    run occupies the trainer for its wall time x ``speed``; its version, and each calibration
+    version, serves ``pickup_s`` wall seconds after it exists. The caller ingests the samples and
+    calls ``after_flush`` once per flush, and ``switch`` to learn which version the replicas serve.
+    """
+
+    def __init__(self, training: InProcessTraining, speed: float = 1.0, pickup_s: float = 1.0) -> None:
+        self.training, self.speed, self.pickup_s = training, speed, pickup_s
+        self.new = 0
+        self.busy_until_s = -1.0  # simulated
+        self._last_start_wall = -math.inf
+        self._anchor_wall = 0.0
+        self._swaps: list[tuple[float, str]] = []  # (simulated time, version) the replicas switch to
+        self.runs: dict[str, float] = {"published": 0, "total": 0, "train_s": 0.0}
+
+    def switch(self, t_s: float) -> str | None:
+        """The newest version whose pickup time has come by ``t_s`` (None: keep serving)."""
+        due = [v for at, v in self._swaps if at <= t_s]
+        self._swaps = [(at, v) for at, v in self._swaps if at > t_s]
+        return due[-1] if due else None
+
+    def after_flush(self, t_s: float, new_samples: int, now_epoch_s: float) -> None:
+        """After ``new_samples`` were ingested at ``t_s``: publish a calibration, retrain if due."""
+        self.new += new_samples
+        published = self.training.publish_calibration()
+        if published is not None:
+            self._swaps.append((t_s + self.pickup_s * self.speed, published.version))
+        if t_s < self.busy_until_s or not self._due(t_s / self.speed):
+            return
+        self._last_start_wall = self._anchor_wall = t_s / self.speed
+        self.new = 0
+        started = time.perf_counter()
+        outcome = self.training.retrain(now_epoch_s)
+        took = time.perf_counter() - started
+        self.runs["total"] += 1
+        self.runs["train_s"] += took
+        # The version exists from now on, but the service publishes it only once the run is over
+        # (simulated: its duration x speed), and the replicas pick it up after that.
+        self.busy_until_s = t_s + took * self.speed
+        if outcome.outcome == "published" and outcome.version is not None:
+            self.runs["published"] += 1
+            self._swaps.append((self.busy_until_s + self.pickup_s * self.speed, outcome.version))
+
+    def _due(self, wall_s: float) -> bool:
+        s = self.training.settings
+        enough = self.new >= max(s.min_new_samples, s.min_new_fraction * self.training.window.size)
+        return (enough and wall_s - self._last_start_wall >= s.retrain_min_gap_s) or (
+            self.new > 0 and wall_s - self._anchor_wall >= s.retrain_interval_s
+        )

@@ -44,17 +44,17 @@ from typing import Any
 
 import numpy as np
 
-from bench.inprocess_training import InProcessTraining
-from bench.routing_setup import HEURISTICS
+from bench.inprocess_training import InProcessTraining, ServiceSchedule
+from bench.routing_jobs import policy_for
+from bench.routing_setup import HEURISTICS, RECOMMENDED
 from bench.routing_sim import Scenario, run_policy, workload_config
 from bench.sim_calibration_replay import EPOCH, SimClock
-from scheduler_client import Policy, Prediction, default_policy
+from scheduler_client import Prediction
 from shared.features import build_features
 from shared.schemas import parse_rows, parse_training_entries
 from stack.simulator import Completion, PodConfig
 
 SLO = (("one", 1.0, 2000.0, 100.0),)
-RECOMMENDED = "recommended"
 
 
 class OnlineModel:
@@ -62,15 +62,10 @@ class OnlineModel:
 
     def __init__(self, directory: Path, pickup_s: float) -> None:
         self.training = InProcessTraining(directory, 0.9)
+        self.schedule = ServiceSchedule(self.training, speed=1.0, pickup_s=pickup_s)
         self.predictor = self.training.predictor()
-        self.pickup_s = pickup_s
         self.buffer: list[dict[str, Any]] = []
-        self.swaps: list[tuple[float, str]] = []  # (simulated time, version) replicas switch to
         self.next_flush_s = 1.0
-        self.busy_until_s = -1.0
-        self.last_start_s = -1e9
-        self.new = 0
-        self.retrains = self.published = 0
 
     async def predict_for_routing(self, rows: Sequence[dict[str, Any]]) -> list[Prediction]:
         ttft, tpot = self.predictor.predict(build_features(parse_rows(list(rows))))
@@ -86,36 +81,15 @@ class OnlineModel:
             self.next_flush_s += 1.0
 
     def _flush(self, t_s: float) -> None:
-        due = [v for at, v in self.swaps if at <= t_s]
-        if due:
-            self.swaps = [(at, v) for at, v in self.swaps if at > t_s]
-            self.predictor = self.training.predictor(due[-1])
+        version = self.schedule.switch(t_s)
+        if version is not None:
+            self.predictor = self.training.predictor(version)
+        new = len(self.buffer)
         if self.buffer:
             columns, _ = parse_training_entries(self.buffer, now_s=EPOCH + t_s)
-            self.training.ingest(columns, np.full(len(self.buffer), EPOCH + t_s))
-            self.new += len(self.buffer)
+            self.training.ingest(columns, np.full(new, EPOCH + t_s))
             self.buffer.clear()
-        calibration = self.training.publish_calibration()
-        if calibration is not None:
-            self.swaps.append((t_s + self.pickup_s, calibration.version))
-        settings = self.training.settings
-        enough = self.new >= max(
-            settings.min_new_samples, settings.min_new_fraction * self.training.window.size
-        )
-        since = t_s - self.last_start_s
-        if t_s < self.busy_until_s or not (
-            (enough and since >= settings.retrain_min_gap_s)
-            or (self.new and since >= settings.retrain_interval_s)
-        ):
-            return
-        self.last_start_s, self.new = t_s, 0
-        started = time.perf_counter()
-        outcome = self.training.retrain(EPOCH + t_s)
-        self.busy_until_s = t_s + time.perf_counter() - started
-        self.retrains += 1
-        if outcome.outcome == "published" and outcome.version is not None:
-            self.published += 1
-            self.swaps.append((self.busy_until_s + self.pickup_s, outcome.version))
+        self.schedule.after_flush(t_s, new, EPOCH + t_s)
 
 
 def scenario(seed: int, requests: int, rps: float, pods: int) -> Scenario:
@@ -126,18 +100,13 @@ def scenario(seed: int, requests: int, rps: float, pods: int) -> Scenario:
     return Scenario("online", workload, pods=pool, cluster_seed=seed, offered_rps=rps)
 
 
-def policy_for(name: str, seed: int, variants: dict[str, dict[str, Any]]) -> Policy:
-    if name in HEURISTICS:
-        return HEURISTICS[name](seed)
-    return default_policy(seed, **variants.get(name, {}))
-
-
 def run_one(job: tuple[str, int, dict[str, Any], dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """One (policy, seed) run; returns its figures as plain data."""
     import training_server.live_scoring as live_scoring
 
     name, seed, cfg, variants = job
-    policy = policy_for(name, seed, variants)
+    # A variant is the recommended policy with its own default_policy keywords.
+    policy = policy_for(name if name in HEURISTICS else RECOMMENDED, seed, variants.get(name, {}))
     clock = SimClock(speed=1.0)  # one wall second per simulated second
     # The live scorer's publish interval is in its clock's seconds: make them simulated ones.
     live_scoring.time = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)  # type: ignore[attr-defined]
@@ -179,8 +148,8 @@ def run_one(job: tuple[str, int, dict[str, Any], dict[str, dict[str, Any]]]) -> 
         "ttft_missed": sum(1 for c in done if c.ttft_ms > (c.request.ttft_slo_ms or np.inf)),
         "tpot_missed": sum(1 for c in done if c.tpot_ms > (c.request.tpot_slo_ms or np.inf)),
         "versions": result.model_versions,
-        "retrains": model.retrains if model else 0,
-        "published": model.published if model else 0,
+        "retrains": model.schedule.runs["total"] if model else 0,
+        "published": model.schedule.runs["published"] if model else 0,
         "wall_s": time.perf_counter() - started,
     }
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     from bench.accuracy_evidence import sim_streams
     from bench.accuracy_replay import ReplayConfig, ReplayResult, record, simulate_first
     from bench.accuracy_targets import judge, summarise_stream
-    from bench.inprocess_training import InProcessTraining
+    from bench.inprocess_training import InProcessTraining, ServiceSchedule
     from shared.artifacts import MODEL_NAMES, base_margin
     from shared.features import build_features
     from shared.schemas import parse_rows, parse_training_entries
@@ -87,7 +86,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     pending_events = sorted(scenario.events(), key=lambda e: e[0])
     with tempfile.TemporaryDirectory() as tmp:
         training = InProcessTraining(Path(tmp), args.quantile, **args.overrides)
-        settings, window = training.settings, training.window
+        schedule = ServiceSchedule(training, args.speed, args.pickup_s)
         predictor = training.predictor()
         arrivals: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush
         asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
@@ -95,16 +94,12 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         parts: dict[int, dict[str, tuple[float, ...]]] = {}
         decomposed: list[dict[str, tuple[float, ...]]] = []  # in completion order, as result's rows
         buffer: list[dict[str, Any]] = []
-        swaps: list[tuple[float, str]] = []  # (simulated time, version) the replicas switch to
-        retrain: dict[str, float] = {"busy_until": -1.0, "last_start": -1e9, "anchor": 0.0, "new": 0.0}
-        runs = {"published": 0, "total": 0, "train_s": 0.0}
 
         def swap_due(t: float) -> None:
             nonlocal predictor
-            due = [v for at, v in swaps if at <= t]
-            if due:
-                swaps[:] = [(at, v) for at, v in swaps if at > t]
-                predictor = training.predictor(due[-1])
+            version = schedule.switch(t)
+            if version is not None:
+                predictor = training.predictor(version)
 
         def predict_routed() -> None:
             if not arrivals:
@@ -157,36 +152,13 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                 complete(held)
                 held.clear()
             swap_due(t)
+            new = len(buffer)
             if buffer:
                 columns, _ = parse_training_entries(buffer, now_s=clock.time())
                 stamps = np.full(len(buffer), clock.time())
                 training.ingest(columns, stamps)
-                retrain["new"] += len(buffer)
                 buffer.clear()
-            published = training.publish_calibration()
-            if published is not None:
-                swaps.append((t + args.pickup_s * args.speed, published.version))
-            if t < retrain["busy_until"]:
-                return
-            wall = t / args.speed
-            due = retrain["new"] >= max(settings.min_new_samples, settings.min_new_fraction * window.size)
-            gap_ok = wall - retrain["last_start"] >= settings.retrain_min_gap_s
-            interval = retrain["new"] > 0 and wall - retrain["anchor"] >= settings.retrain_interval_s
-            if not ((due and gap_ok) or interval):
-                return
-            retrain["last_start"] = retrain["anchor"] = wall
-            retrain["new"] = 0
-            started = time.perf_counter()
-            outcome = training.retrain(clock.time())
-            took = time.perf_counter() - started
-            runs["total"] += 1
-            runs["train_s"] += took
-            # The version exists from now on, but the service publishes it only once the run is
-            # over (simulated: its duration x speed), and the replicas pick it up after that.
-            retrain["busy_until"] = t + took * args.speed
-            if outcome.outcome == "published" and outcome.version is not None:
-                runs["published"] += 1
-                swaps.append((retrain["busy_until"] + args.pickup_s * args.speed, outcome.version))
+            schedule.after_flush(t, new, clock.time())
 
         held: list[Any] = []
         next_flush = 1.0
@@ -226,7 +198,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     result.naive_tpot_ms = list(result.naive_ttft_ms)
     streams = sim_streams(result, scenario)
     steps = scenario.steps()
-    out: dict[str, Any] = {"retrains": runs}
+    out: dict[str, Any] = {"retrains": schedule.runs}
     for m in MODEL_NAMES:
         summary = summarise_stream(streams[m], args.quantile, steps)
         checks = [c for c in judge(summary, args.quantile) if "naive" not in c["target"]]

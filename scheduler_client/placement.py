@@ -199,20 +199,21 @@ class PlacementCost(PredictedPolicy):
         predictions: Sequence[Prediction],
         extra: Sequence[Prediction] = (),
     ) -> tuple[list[float], str]:
-        if self.hopeless_chance and request.has_slo:
-            chances = [math.exp(log_chance(request, p, self.spreads)) for p in predictions]
-            if max(chances) < self.hopeless_chance:
+        logs = None  # ln P(meeting both SLOs) per pod, for the objectives and the hopeless rule
+        if request.has_slo and (self.hopeless_chance or self.objective != "headroom"):
+            logs = [log_chance(request, p, self.spreads) for p in predictions]
+            if self.hopeless_chance and max(logs) < math.log(self.hopeless_chance):
                 reason = "placement cost; no pod gives it a chance: soonest start"
                 return [p.ttft_ms for p in predictions], reason
         harms = self.harms(request, rows, predictions, extra)
         if not request.has_slo:
             own = [p.ttft_ms / 1000.0 + p.tpot_ms / DEFAULT_OTHERS_TPOT_SLO_MS for p in predictions]
             reason = "no SLO: latency"
-        elif self.objective == "chance":
-            own = [-log_chance(request, p, self.spreads) for p in predictions]
+        elif self.objective == "chance" and logs is not None:
+            own = [-x for x in logs]
             reason = "chance of meeting the SLO"
-        elif self.objective == "expected":
-            own = [-math.exp(log_chance(request, p, self.spreads)) for p in predictions]
+        elif self.objective == "expected" and logs is not None:
+            own = [-math.exp(x) for x in logs]
             reason = "expected attainment"
         else:
             own = []
