@@ -239,8 +239,8 @@ composite 60.9%, least-kv 62.1%; made with an earlier copy of the harness whose 
 with the first samples, not after the service's interval) found the same with every other tail
 guard tried (a TTFT cost relative to the best pod's, its logarithm, a TTFT cost per SLO width
 instead of per second, a gate of 0.5-2 s above the best pod, a KV-use term): the settings that
-won by 3.5-10 points over composite had a TTFT p99 1.5-2.3 times composite's (21.9 s). The best one within 12% of that tail
-(a TTFT cost of 0.1 per SLO width with the decode term and the hopeless rule below: 63.5%, p99
+won by 3.5-10 points over composite had a TTFT p99 1.5-2.3 times composite's (21.9 s). The best
+one within 12% of that tail (a TTFT cost of 0.1 per SLO width with the decode term and the hopeless rule below: 63.5%, p99
 23.5 s) had a TTFT p99 24% above composite's at chat / bursty in the main benchmark (5465 against
 4407 ms).
 
