@@ -232,17 +232,17 @@ harness with this page's pods, SLO classes and chat mix (90 req/s, burstiness 0.
 seeds 2002, 2003; exploratory) it had 57.6% against composite's 54.9% and least-kv's 57.4%.
 
 A four times stronger harm term with a weaker TTFT cost wins here (+2.4 to +3.6 points over
-composite) and on the validation seeds above (82.5% against 80.4%, exploratory), but its TTFT p99
-is up to twice composite's in both settings (7-9 s against 4.4 s at chat / bursty), which the tail
+composite) and on the validation seeds above (82.5% against 80.4%, exploratory), but its TTFT p99 is
+up to twice composite's in both settings (7-9 s against 4.4 s at chat / bursty), which the tail
 criterion rules out. Exploratory runs on seeds 2002, 2003 at 24 req/s (a lighter realisation:
 composite 60.9%, least-kv 62.1%; made with an earlier copy of the harness whose first retrain came
-with the first samples, not after the service's interval) found the same with every other tail
-guard tried (a TTFT cost relative to the best pod's, its logarithm, a TTFT cost per SLO width
-instead of per second, a gate of 0.5-2 s above the best pod, a KV-use term): the settings that
-won by 3.5-10 points over composite had a TTFT p99 1.5-2.3 times composite's (21.9 s). The best
-one within 12% of that tail (a TTFT cost of 0.1 per SLO width with the decode term and the hopeless rule below: 63.5%, p99
-23.5 s) had a TTFT p99 24% above composite's at chat / bursty in the main benchmark (5465 against
-4407 ms).
+with the first samples, not after the service's interval) found the same with every other tail guard
+tried (a TTFT cost relative to the best pod's, its logarithm, a TTFT cost per SLO width instead of
+per second, a gate of 0.5-2 s above the best pod, a KV-use term): the settings that won by 3.5-10
+points over composite had a TTFT p99 1.5-2.3 times composite's (21.9 s). The best one within 12% of
+that tail (a TTFT cost of 0.1 per SLO width with the decode term and the hopeless rule below: 63.5%,
+p99 23.5 s) had a TTFT p99 24% above composite's at chat / bursty in the main benchmark (5465
+against 4407 ms).
 
 The closest to a setting that holds in both: `default_policy(decode_equivalent_tokens=8000,
 hopeless_chance=0.05)`. The decode term adds 8000 prompt-token equivalents per placement to the
