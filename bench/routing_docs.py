@@ -257,6 +257,65 @@ the validation seeds, 82.0% against 82.4% on seeds 3001-3004) and its TTFT p99 a
 2% above composite's on the validation seeds (4510 against 4407 ms), so by this page's tuning rule
 it is not the recommended setting. No setting found so far wins in both settings with the tail
 kept.
+
+### At the loads closest to the issue's (14 and 17 req/s), and why the TPOT misses
+
+At 20-24 req/s the runs' TTFT p90 is 8-59 s. The issue's composite had a TTFT p90 of 2.5 s and
+0.628 attainment; 17 req/s is the closest (composite 65.9%, TTFT p90 5.5-19.6 s per seed, and 2.4 s
+on the lighter seeds 2002-2004). Measured on 2026-12-05 (seeds 7, 8, 9):
+
+```
+OMP_NUM_THREADS=1 .venv/bin/python -m bench.routing_online --rps 14|17 \\
+    --variant 'decode 4000={"decode_equivalent_tokens": 4000}' \\
+    --variant 'decode 8000, hopeless 0.05={"decode_equivalent_tokens": 8000, "hopeless_chance": 0.05}'
+```
+
+| load | composite | least-kv | recommended | decode 4000 | decode 8000, hopeless 0.05 |
+|---|---:|---:|---:|---:|---:|
+| 14 req/s | 79.6% | 78.6% | 77.4% | 80.5% | 80.9% |
+| 17 req/s | 65.9% | 67.7% | 64.8% | 65.6% | 66.2% |
+| missed, 14 req/s | 14.0 / 9.0% | 13.9 / 10.6% | 13.7 / 15.0% | 12.7 / 11.1% | 11.7 / 10.7% |
+| missed, 17 req/s | 26.5 / 15.3% | 23.8 / 15.6% | 26.2 / 22.9% | 25.3 / 22.8% | 24.3 / 17.6% |
+
+TTFT p99 at 14 / 17 req/s: composite 14.2 / 22.2 s, least-kv 22.6 / 39.3 s, recommended 13.7 /
+23.2 s, decode 4000 13.9 / 23.4 s, decode 8000 with the hopeless rule 14.2 / 23.3 s.
+
+Here too the recommended policy loses (-2.2 points to composite at 14 req/s, -2.9 to least-kv at
+17), and its whole loss is TPOT: it misses 15.0% and 22.9% of the TPOT objectives, more than
+random routing (9.4%, 16.7%). Exploratory runs on the validation seeds 2002-2004 at 20 req/s
+(composite 72.7%, least-kv 74.0%, recommended 72.1%) ruled out three explanations:
+
+- *Herding onto pods whose queued requests the TPOT model does not see* (the rows' waiting
+  requests are not running yet): predicting each pod's TPOT on its row with the waiting requests and
+  this one moved into the running batch (one extra row per candidate in the same call) gave 71.2%
+  (TPOT misses 20.2%), half that 71.4%.
+- *The chance's assumed TPOT spread*: 0.15, 0.2 and 0.45 instead of 0.3 gave 71.3-71.6%, TPOT
+  misses 19.2-20.3%.
+- *Prefix affinity and the cache term* (seeds 7-9, 14 req/s): without the affinity filter 76.6%,
+  without it and with no cache term 77.2% (recommended 77.4%); TPOT misses 15.7-15.9%.
+
+At 14 req/s its TTFT p50 is 135 ms, so the explanation above (its TTFT cost outweighing the harm
+term) is not the whole story. What does work is a term per placement for the request's own decode
+steps (`decode_equivalent_tokens`). Without it the physics harm is (requests on the pod) x (uncached prompt
+tokens): a request whose prompt the pod holds in its prefix cache costs nothing there however many
+requests are decoding on it, so requests sharing a prefix pile their decodes onto one pod. In the
+simulator's step model a decoding sequence adds about 0.1 + 0.08 x (context in thousands) ms to
+every co-scheduled step for each of its output tokens, as much as 12 prefill tokens per output token
+at a 1,500-token context: a few thousand prompt-token equivalents per request. With 4000 it gained
+0.8-3.1 points over the recommended setting at 14-20 req/s (74.5% against 72.1% on the validation
+seeds at 20 req/s), is within the heuristics' range here (+0.9 over composite at 14 req/s, -2.1 to
+least-kv at 17), and on this
+page's validation seeds it has the best pooled attainment yet (81.0% against 80.4%; exploratory,
+the frozen model of the exploration runs). But at chat / bursty its TTFT p99 is 5.3 s against
+composite's 4.4 s (recommended 4.2 s). That tail comes from one overload burst (t = 28-35 s,
+requests behind 85 waiting and 170,000 prompt tokens in flight), where no request has a chance and
+the decode term, counting requests and not the prompt work ahead of them, sends some behind the
+longest prefill queues. Every guard tried gives the gain back with the tail: the term only for
+requests with a chance of at least 5%, 20% or 50% somewhere (80.7%, 80.6%, 80.1%; p99 4.8, 4.7,
+4.4 s), a TTFT cost of 0.5 or 0.75 per s (80.7%, 80.1%; 4.9, 4.6 s), the hopeless rule at 2%
+(80.2%, 4.3 s), counting only the running requests (80.9%, 5.8 s). So it is not the default;
+for fleets where the TPOT objective binds (TPOT p50 above about 60% of it), `default_policy(
+decode_equivalent_tokens=4000)` is the better choice, at the cost of the TTFT tail in overload bursts.
 """
 
 TRADEOFF = """The harm weight is where the trade-off lies. The tuning takes the best attainment among
