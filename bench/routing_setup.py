@@ -68,10 +68,11 @@ DESCRIPTIONS = {
     RECOMMENDED: "`scheduler_client.default_policy()`: prefix affinity (score >= 0.8) gated by predicted "
     "TTFT (within max(50 ms, 25%) of the best pod), 5% exploration; among the pods kept, the lowest "
     "-P(meeting both SLOs) (its share of the expected attainment, from the p90 predictions, assumed "
-    "log-normal) + harm weight x the requests on the pod x the prompt tokens it must prefill there / "
-    "1000 (the physics placement cost to the others; no extra rows) + cache weight x the uncached share "
-    "of the prompt + TTFT cost x its predicted TTFT in seconds; the objective and weights are chosen on "
-    "the validation seeds, below",
+    "log-normal) + harm weight x the requests on the pod x (the prompt tokens it must prefill there + "
+    "decode-equivalent tokens for its own decode steps) / 1000 (the physics placement cost to the others; "
+    "no extra rows) + cache weight x the uncached share of the prompt + TTFT cost x its predicted TTFT in "
+    "seconds + prefill cost x the prompt tokens the pod must prefill before its first token / 1000; the "
+    "objective and weights are chosen on the validation seeds, below",
     "slo-spread+admission": "slo-spread; a sheddable request is rejected when every pod's predicted TTFT "
     "or TPOT exceeds its SLO by more than 25%",
     RECOMMENDED_ADMISSION: "`default_policy(admission=True)`: the recommended policy; a sheddable "

@@ -39,6 +39,7 @@ The cost of pod p, lower is better:
 
     cost_p = own_p + harm_weight * harm_p + cache_weight * (1 - prefix_cache_score_p)
              + ttft_cost_per_s * predicted_ttft_p / 1000
+             + prefill_cost_per_ktoken * (prefill_tokens_in_flight_p + uncached_p) / 1000
 
 The own term depends on ``objective``:
 
@@ -59,6 +60,13 @@ The own term depends on ``objective``:
 ``ttft_cost_per_s`` adds that much per second of the request's own predicted TTFT, with any
 objective: it keeps a request that cannot meet its SLO from being sent behind a long queue only
 because the queue's pod holds its prefix or few other requests (the TTFT tail).
+
+``prefill_cost_per_ktoken`` adds that much per thousand prompt tokens pod p must prefill before this
+request's first token (those in flight there and its own uncached ones): the work ahead of it, read
+from the row rather than from the TTFT model. In an overload burst, when no request has a chance
+and the own term is flat, a harm term that counts *requests* (``decode_equivalent_tokens``) sends some
+of them behind the longest prefill queues; the predicted TTFT there comes from states the model has
+rarely seen, while the tokens ahead are what the queue is.
 
 ``hopeless_chance`` (off by default): a request whose chance of meeting its SLO (as for
 ``"chance"``) is below it on every pod goes where it starts soonest (the lowest predicted TTFT),
@@ -87,7 +95,7 @@ from scheduler_client.picking import Picker
 from scheduler_client.policies import PredictedPolicy, SloHeadroom
 from scheduler_client.types import Prediction, RoutingRequest, Row, meets_slo
 
-__all__ = ["HarmKind", "Objective", "PlacementCost", "uncached_tokens", "with_request"]
+__all__ = ["HarmKind", "Objective", "PlacementCost", "prefill_ahead", "uncached_tokens", "with_request"]
 
 DEFAULT_OTHERS_TPOT_SLO_MS = 50.0
 HarmKind = Literal["physics", "tpot"]
@@ -97,6 +105,12 @@ Objective = Literal["headroom", "chance", "expected"]
 def uncached_tokens(row: Row) -> int:
     """The prompt tokens the candidate pod of ``row`` must prefill (not in its prefix cache)."""
     return round(int(row["input_token_length"]) * (1.0 - float(row["prefix_cache_score"])))
+
+
+def prefill_ahead(row: Row) -> int:
+    """The prompt tokens the candidate pod must prefill before the first token of ``row``'s request:
+    those in flight there and its own uncached ones."""
+    return int(row.get("prefill_tokens_in_flight", 0)) + uncached_tokens(row)
 
 
 def _others(row: Row) -> int:
@@ -117,7 +131,8 @@ def with_request(row: Row) -> dict[str, object]:
 class PlacementCost(PredictedPolicy):
     """Own SLO headroom (or chance, or expected attainment) + ``harm_weight`` x predicted TPOT harm
     to the pod's requests + ``cache_weight`` x the uncached share of the prompt + ``ttft_cost_per_s``
-    x its predicted TTFT in seconds (see the module docstring)."""
+    x its predicted TTFT in seconds + ``prefill_cost_per_ktoken`` x the prompt tokens to prefill before
+    its first token, in thousands (see the module docstring)."""
 
     name = "placement-cost"
 
@@ -130,6 +145,7 @@ class PlacementCost(PredictedPolicy):
         ttft_cost_per_s: float = 0.0,
         harm: HarmKind = "tpot",
         decode_equivalent_tokens: float = 0.0,
+        prefill_cost_per_ktoken: float = 0.0,
         hopeless_chance: float = 0.0,
         spreads: Spreads = DEFAULT_SPREADS,
         others_tpot_slo_ms: float | None = None,
@@ -150,6 +166,8 @@ class PlacementCost(PredictedPolicy):
             raise ValueError(f"harm must be one of {get_args(HarmKind)}")
         if decode_equivalent_tokens < 0 or not math.isfinite(decode_equivalent_tokens):
             raise ValueError("decode_equivalent_tokens must be a finite number >= 0")
+        if prefill_cost_per_ktoken < 0 or not math.isfinite(prefill_cost_per_ktoken):
+            raise ValueError("prefill_cost_per_ktoken must be a finite number >= 0")
         if not 0.0 <= hopeless_chance < 1.0:
             raise ValueError("hopeless_chance must be in [0, 1)")
         if others_tpot_slo_ms is not None and not others_tpot_slo_ms > 0:
@@ -161,6 +179,7 @@ class PlacementCost(PredictedPolicy):
         self.ttft_cost_per_s = ttft_cost_per_s
         self.harm = harm
         self.decode_equivalent_tokens = decode_equivalent_tokens
+        self.prefill_cost_per_ktoken = prefill_cost_per_ktoken
         self.hopeless_chance = hopeless_chance
         self.spreads = spreads
         self.others_tpot_slo_ms = others_tpot_slo_ms
@@ -230,6 +249,7 @@ class PlacementCost(PredictedPolicy):
             + self.harm_weight * harm
             + self.cache_weight * (1.0 - float(row["prefix_cache_score"]))
             + self.ttft_cost_per_s * p.ttft_ms / 1000.0
+            + self.prefill_cost_per_ktoken * prefill_ahead(row) / 1000.0
             for c, harm, row, p in zip(own, harms, rows, predictions, strict=True)
         ]
         return costs, f"placement cost; {reason}"

@@ -24,13 +24,16 @@ from scheduler_client import (
     with_request,
 )
 from scheduler_client.odds import Spreads, log_chance
+from scheduler_client.placement import prefill_ahead
 from scheduler_client.recommended import (
     ADMISSION_SLACK,
     AFFINITY_THRESHOLD,
     CACHE_WEIGHT,
+    DECODE_EQUIVALENT_TOKENS,
     HARM_KIND,
     HARM_WEIGHT,
     OBJECTIVE,
+    PREFILL_COST_PER_KTOKEN,
     TTFT_COST_PER_S,
 )
 from stack.simulator import Cluster, PodConfig, SimRequest
@@ -135,6 +138,8 @@ def test_default_policy_is_the_documented_shape() -> None:
     assert isinstance(policy.base, PlacementCost) and policy.base.harm_weight == HARM_WEIGHT
     assert policy.base.harm == HARM_KIND == "physics"
     assert policy.base.objective == OBJECTIVE == "expected" and policy.base.cache_weight == CACHE_WEIGHT
+    assert policy.base.decode_equivalent_tokens == DECODE_EQUIVALENT_TOKENS > 0
+    assert policy.base.prefill_cost_per_ktoken == PREFILL_COST_PER_KTOKEN > 0
     assert policy.base.ttft_cost_per_s == TTFT_COST_PER_S > 0
     assert policy.extra_rows(BATCH, [row(running=1)]) == []  # the physics harm needs no extra rows
     assert default_policy(harm="tpot", harm_weight=1.0).extra_rows(BATCH, [row(running=1)]) != []
@@ -194,7 +199,9 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     assert "`scheduler_client.default_policy(seed=0)` is the policy we recommend" in readme
     assert f"affinity (score >= {AFFINITY_THRESHOLD:.2f})" in readme
-    assert f"plus harm weight {HARM_WEIGHT:g} x the requests on the pod x the prompt tokens" in readme
+    assert f"plus harm weight {HARM_WEIGHT:g} x the requests on the pod x (the prompt tokens" in readme
+    assert f"it must prefill there + {DECODE_EQUIVALENT_TOKENS:g} for its own decode steps) / 1000" in readme
+    assert f"plus {PREFILL_COST_PER_KTOKEN:g} x the prompt tokens the pod must prefill before its" in readme
     assert HARM_WEIGHT > 0 and HARM_KIND == "physics"
     assert f"plus cache weight {CACHE_WEIGHT:g} x the share of the prompt" in readme
     assert f"plus {TTFT_COST_PER_S:g} x its predicted TTFT there in seconds" in readme
@@ -273,3 +280,87 @@ def test_the_recommended_harm_term_takes_the_pod_the_simulator_says_costs_the_ot
     own = [Prediction(150.0, 22.0), Prediction(700.0, 22.0)]  # pod 0 serves it sooner
     assert default_policy(harm_weight=0.0).choose(request, rows, own).pod == 0
     assert default_policy().choose(request, rows, own).pod == 1
+
+
+def test_the_decode_term_takes_a_cached_request_off_a_pod_full_of_decodes_as_the_simulator_says() -> None:
+    """Pod 0 holds the new request's prefix and decodes 30 requests; pod 1 decodes 4. Without the
+    decode term the physics harm of a cached prompt on pod 0 is almost nothing however many requests
+    decode there, so it goes to pod 0; the simulator, run both ways, says the others' decode steps
+    (and its own) are longer there. The recommended decode term sees that and takes pod 1."""
+    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
+    cluster.route(SimRequest(0, 0.0, prompt_tokens=3100, output_tokens=2, family=7, prefix_tokens=3000), 0)
+    cluster.advance_to(1.0)  # pod 0 now caches family 7's 3000-token prefix
+    background = []
+    for i in range(34):
+        req = SimRequest(1 + i, 1.0, prompt_tokens=700, output_tokens=400, family=100 + i, prefix_tokens=0)
+        cluster.route(req, 0 if i < 30 else 1)
+        background.append(req.request_id)
+    cluster.advance_to(1.5)  # all decoding
+    new = SimRequest(99, 1.5, prompt_tokens=3100, output_tokens=200, family=7, prefix_tokens=3000)
+    rows = cluster.candidate_rows(new)
+    assert rows[0]["prefix_cache_score"] > 0.9 and rows[1]["prefix_cache_score"] == 0
+
+    def outcome(pod: int) -> tuple[float, float]:
+        trial = copy.deepcopy(cluster)
+        trial.route(new, pod)
+        done = trial.drain()
+        others = sum(c.tpot_ms for c in done if c.request.request_id in background)
+        (own,) = [c.tpot_ms for c in done if c.request.request_id == new.request_id]
+        return others, own
+
+    assert outcome(0)[0] > outcome(1)[0] and outcome(0)[1] > outcome(1)[1]
+    own = [Prediction(150.0, 40.0)] * 2  # the same chance on both pods: the other terms decide
+    request = RoutingRequest(ttft_slo_ms=2000.0, tpot_slo_ms=100.0)
+    settings = {
+        "objective": OBJECTIVE,
+        "harm": HARM_KIND,
+        "cache_weight": CACHE_WEIGHT,
+        "ttft_cost_per_s": 0.25,
+    }
+    without = PlacementCost(HARM_WEIGHT, **settings)  # type: ignore[arg-type]
+    assert without.choose(request, rows, own).pod == 0
+    recommended = PlacementCost(HARM_WEIGHT, **settings, decode_equivalent_tokens=DECODE_EQUIVALENT_TOKENS)  # type: ignore[arg-type]
+    assert recommended.choose(request, rows, own).pod == 1
+
+
+def test_the_prefill_cost_keeps_a_hopeless_request_out_of_the_longest_prefill_queue() -> None:
+    """An overload burst: no pod gives the request a chance, so the own term is flat. Pod 0 has two
+    requests and three 8000-token prompts queued; pod 1 decodes 12 requests. Counting requests, the
+    decode term sends it behind pod 0's queue; the simulator says it starts far later there. The
+    recommended prefill cost, the tokens ahead of it, takes pod 1."""
+    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
+    for i in range(14):
+        req = SimRequest(i, 0.0, prompt_tokens=700, output_tokens=400, family=100 + i, prefix_tokens=0)
+        cluster.route(req, 0 if i < 2 else 1)
+    cluster.advance_to(1.0)  # all decoding
+    for i in range(3):
+        cluster.route(
+            SimRequest(20 + i, 1.0, prompt_tokens=8000, output_tokens=50, family=200 + i, prefix_tokens=0), 0
+        )
+    new = SimRequest(99, 1.0, prompt_tokens=2000, output_tokens=100, family=7, prefix_tokens=0)
+    rows = cluster.candidate_rows(new)
+    assert rows[0]["prefill_tokens_in_flight"] >= 20000 and rows[1]["prefill_tokens_in_flight"] == 0
+
+    def ttft(pod: int) -> float:
+        trial = copy.deepcopy(cluster)
+        trial.route(new, pod)
+        (own,) = [c.ttft_ms for c in trial.drain() if c.request.request_id == new.request_id]
+        return own
+
+    assert ttft(0) > 2 * ttft(1)
+    own = [Prediction(5000.0, 150.0)] * 2  # hopeless on both pods
+    request = RoutingRequest(ttft_slo_ms=1000.0, tpot_slo_ms=50.0)
+    settings = {
+        "objective": OBJECTIVE,
+        "harm": HARM_KIND,
+        "cache_weight": CACHE_WEIGHT,
+        "ttft_cost_per_s": TTFT_COST_PER_S,
+        "decode_equivalent_tokens": DECODE_EQUIVALENT_TOKENS,
+    }
+    without = PlacementCost(HARM_WEIGHT, **settings)  # type: ignore[arg-type]
+    assert without.choose(request, rows, own).pod == 0
+    recommended = PlacementCost(HARM_WEIGHT, **settings, prefill_cost_per_ktoken=PREFILL_COST_PER_KTOKEN)  # type: ignore[arg-type]
+    assert recommended.choose(request, rows, own).pod == 1
+    assert prefill_ahead(rows[0]) == rows[0]["prefill_tokens_in_flight"] + 2000
+    with pytest.raises(ValueError):
+        PlacementCost(1.0, prefill_cost_per_ktoken=-0.1)
