@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python -m bench.routing_compare            # writes docs/benchmarks-routing.md + routing.png
     .venv/bin/python -m bench.routing_compare --quick    # a small smoke run, prints only
 
-What it does (about 20 minutes on a shared 2-core machine; ``--quick``: a few minutes):
+What it does (about 3 minutes on an idle 2-core machine; ``--quick``: about a minute):
 
 1. Starts a real training server and prediction server on loopback ports (``tests.procs``),
    with automatic retraining off, so the benchmark decides when models change.
