@@ -240,6 +240,11 @@ to 17.6% here (below), with the main benchmark's chat / bursty tail 2% over comp
 
 ### Before: the previous default at 20-24 req/s (2026-12-05)
 
+The commands in this subsection and the next ran when `default_policy` had no prefill cost and no
+decode term. To repeat them now, run the previous default as the variant of the first subsection
+and add `"prefill_cost_per_ktoken": 0` to each variant here (and `"decode_equivalent_tokens": 0`
+where it sets none).
+
 ```
 OMP_NUM_THREADS=1 .venv/bin/python -m bench.routing_online --rps 20 \\
     --variant 'harm 0.02, TTFT 0.1/s={"harm_weight": 0.02, "ttft_cost_per_s": 0.1}' \\
