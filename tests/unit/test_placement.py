@@ -315,7 +315,7 @@ def test_the_decode_term_takes_a_cached_request_off_a_pod_full_of_decodes_as_the
         "objective": OBJECTIVE,
         "harm": HARM_KIND,
         "cache_weight": CACHE_WEIGHT,
-        "ttft_cost_per_s": 0.25,
+        "ttft_cost_per_s": TTFT_COST_PER_S,
     }
     without = PlacementCost(HARM_WEIGHT, **settings)  # type: ignore[arg-type]
     assert without.choose(request, rows, own).pod == 0
