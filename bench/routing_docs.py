@@ -187,6 +187,11 @@ Re-measured on 2026-12-05 with the expected-attainment objective (`taskset -c 1 
 0.897 ms today, 0.220 / 0.920 ms `default_policy()`, 0.262 / 0.979 ms with the 16 model-based
 harm rows; `default_policy()` adds +0.022 ms at p99 (paired p50 / p99 +0.019 / +0.077 ms). Over
 HTTP its p99 was 6.2 ms against today's 6.7 ms, the core's scheduling noise again.
+
+Re-measured on 2026-12-06 with the decode term and the prefill cost (the same command, three runs,
+medians): CPU in process p50 / p99 0.204 / 0.863 ms today, 0.228 / 0.906 ms `default_policy()`,
+which adds +0.044 ms at p99 (paired p50 / p99 +0.024 / +0.150 ms); over HTTP its p99 was 5.95 ms
+against today's 6.59 ms. The two terms are a few arithmetic operations per candidate from the rows.
 """
 
 
