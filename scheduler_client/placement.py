@@ -120,10 +120,9 @@ def _others(row: Row) -> int:
 def with_request(row: Row) -> dict[str, object]:
     """The candidate pod's row once the request ``row`` describes is placed there (see the module)."""
     prompt = int(row["input_token_length"])
-    uncached = uncached_tokens(row)
     out = dict(row)
     out["num_request_running"] = int(row["num_request_running"]) + 1
-    out["prefill_tokens_in_flight"] = int(row.get("prefill_tokens_in_flight", 0)) + uncached
+    out["prefill_tokens_in_flight"] = prefill_ahead(row)
     out["decode_tokens_in_flight"] = int(row.get("decode_tokens_in_flight", 0)) + prompt
     return out
 

@@ -311,15 +311,11 @@ def test_the_decode_term_takes_a_cached_request_off_a_pod_full_of_decodes_as_the
     assert outcome(0)[0] > outcome(1)[0] and outcome(0)[1] > outcome(1)[1]
     own = [Prediction(150.0, 40.0)] * 2  # the same chance on both pods: the other terms decide
     request = RoutingRequest(ttft_slo_ms=2000.0, tpot_slo_ms=100.0)
-    settings = {
-        "objective": OBJECTIVE,
-        "harm": HARM_KIND,
-        "cache_weight": CACHE_WEIGHT,
-        "ttft_cost_per_s": TTFT_COST_PER_S,
-    }
-    without = PlacementCost(HARM_WEIGHT, **settings)  # type: ignore[arg-type]
+    # The placement cost alone (default_policy's affinity filter would keep only the cached pod).
+    without = default_policy(decode_equivalent_tokens=0.0).base
     assert without.choose(request, rows, own).pod == 0
-    recommended = PlacementCost(HARM_WEIGHT, **settings, decode_equivalent_tokens=DECODE_EQUIVALENT_TOKENS)  # type: ignore[arg-type]
+    recommended = default_policy().base
+    assert recommended.decode_equivalent_tokens == DECODE_EQUIVALENT_TOKENS
     assert recommended.choose(request, rows, own).pod == 1
 
 
@@ -350,16 +346,9 @@ def test_the_prefill_cost_keeps_a_hopeless_request_out_of_the_longest_prefill_qu
     assert ttft(0) > 2 * ttft(1)
     own = [Prediction(5000.0, 150.0)] * 2  # hopeless on both pods
     request = RoutingRequest(ttft_slo_ms=1000.0, tpot_slo_ms=50.0)
-    settings = {
-        "objective": OBJECTIVE,
-        "harm": HARM_KIND,
-        "cache_weight": CACHE_WEIGHT,
-        "ttft_cost_per_s": TTFT_COST_PER_S,
-        "decode_equivalent_tokens": DECODE_EQUIVALENT_TOKENS,
-    }
-    without = PlacementCost(HARM_WEIGHT, **settings)  # type: ignore[arg-type]
-    assert without.choose(request, rows, own).pod == 0
-    recommended = PlacementCost(HARM_WEIGHT, **settings, prefill_cost_per_ktoken=PREFILL_COST_PER_KTOKEN)  # type: ignore[arg-type]
+    assert default_policy(prefill_cost_per_ktoken=0.0).choose(request, rows, own).pod == 0
+    recommended = default_policy()
+    assert recommended.base.prefill_cost_per_ktoken == PREFILL_COST_PER_KTOKEN
     assert recommended.choose(request, rows, own).pod == 1
     assert prefill_ahead(rows[0]) == rows[0]["prefill_tokens_in_flight"] + 2000
     with pytest.raises(ValueError):
