@@ -69,7 +69,9 @@ class InProcessTraining:
             self.live.process(columns, stamps)
 
     def retrain(self, now_s: float) -> TrainingOutcome:
-        """One retrain on the window as it is; a published version becomes the live scorer's current."""
+        """One retrain, as the service's scheduler runs it: samples older than ``max_age_s`` leave the
+        window first; a published version becomes the live scorer's current."""
+        self.window.age_out(now_s)
         snapshot = self.window.snapshot(self.settings.max_train_samples)
         outcome = self.trainer.run(snapshot, now_s, self.window.size)
         if outcome.outcome == "published" and outcome.version is not None and self.live is not None:

@@ -416,6 +416,8 @@ pooled attainment, then the chat / bursty TTFT p99:
   request's TPOT at its SLO): 79.1-81.1%, 6.3-15.6 s.
 - Composite's score plus the chance of meeting the SLO, in the second setting (seeds 2003, 2004):
   76.7-77.5%, against composite's 78.0%.
+- Not a guard, but tried on the same tail: the hopeless rule (`hopeless_chance` 0.02-0.1) with the
+  shipped weights. It gave 79.5-79.7%, and a longer chat / bursty p99 (4.2-4.4 s, shipped: 4.0 s).
 
 So in both settings, what a stronger harm term adds comes from requests sent behind long queues.
 The shipped setting keeps the tail, and in this setting it does not beat the heuristics.
