@@ -411,6 +411,8 @@ pooled attainment, then the chat / bursty TTFT p99:
   / high 0.56-1.34 s.
 - A stronger TTFT cost (1 per s): 80.9%, 5.2 s. A stronger prefill cost (0.24 per 1000 tokens):
   79.9%, 3.9 s, but chat / high 0.51 s.
+- A cost that grows with the square of the predicted TTFT above the best pod's (0.05-1 per s²):
+  80.3-81.3%, 4.6-5.9 s.
 - Counting only the running requests in the harm: 82.5%, 6.8 s.
 - Each pod's harm scaled by how close its predicted TPOT is to the objective (the density of the
   request's TPOT at its SLO): 79.1-81.1%, 6.3-15.6 s.
