@@ -402,8 +402,8 @@ load on 2 cores:
   the decode term), outweighed the request's own chance, its TTFT cost and its prefill cost.
 - That is a soft sacrifice.
 
-**Every guard that shortened that tail gave the gain back.** Main benchmark, same seeds and model;
-pooled attainment, then the chat / bursty TTFT p99:
+**No guard tried kept the gain without the tail.** Main benchmark, same seeds and model, harm 0.02
+or 0.04 with each guard; pooled attainment, then the chat / bursty TTFT p99:
 - A gate on predicted TTFT, ruling out pods beyond the best pod's + max(0.5 s, 100%): 79.8%, 4.8 s
   (chat / bursty attainment 61.5%, composite 60.8%). Gates of 3x + 2 s or 2x + 1 s: 79.5-80.4%,
   4.9-5.2 s.
