@@ -36,7 +36,7 @@ from scheduler_client.recommended import (
     PREFILL_COST_PER_KTOKEN,
     TTFT_COST_PER_S,
 )
-from stack.simulator import Cluster, PodConfig, SimRequest
+from stack.simulator import Cluster, Completion, PodConfig, SimRequest
 from tests.harm_scene import LONG_PROMPT, harm_scene
 
 INTERACTIVE = RoutingRequest(ttft_slo_ms=250.0, tpot_slo_ms=30.0)
@@ -55,6 +55,35 @@ def row(running: int, waiting: int = 0, prefix: float = 0.0, prefill: int = 0) -
         "prefill_tokens_in_flight": prefill,
         "decode_tokens_in_flight": 1000 * running,
     }
+
+
+def cached_prefix_scene(
+    cached_pod: int, prompt_tokens: int, pods_of_background: list[int]
+) -> tuple[Cluster, list[int]]:
+    """Two jitter-free simulated pods; ``cached_pod`` holds family 7's 3000-token prefix, and one
+    background request per entry of ``pods_of_background`` (``prompt_tokens`` long, 400 output
+    tokens) is decoding on that pod at t = 1.5 s. Returns the cluster and the background ids."""
+    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
+    prefix = SimRequest(0, 0.0, prompt_tokens=3100, output_tokens=2, family=7, prefix_tokens=3000)
+    cluster.route(prefix, cached_pod)
+    cluster.advance_to(1.0)  # the pod now caches family 7's prefix
+    background = []
+    for i, pod in enumerate(pods_of_background):
+        req = SimRequest(
+            1 + i, 1.0, prompt_tokens=prompt_tokens, output_tokens=400, family=100 + i, prefix_tokens=0
+        )
+        cluster.route(req, pod)
+        background.append(req.request_id)
+    cluster.advance_to(1.5)  # all decoding
+    return cluster, background
+
+
+def run_with(cluster: Cluster, new: SimRequest, pod: int) -> list[Completion]:
+    """Every completion of a copy of ``cluster`` with ``new`` routed to ``pod`` (the simulator's answer
+    to "what if it went there?"); ``cluster`` itself is untouched."""
+    trial = copy.deepcopy(cluster)
+    trial.route(new, pod)
+    return trial.drain()
 
 
 def test_with_request_adds_the_uncached_prompt_and_one_running_request() -> None:
@@ -221,23 +250,13 @@ def test_the_cache_term_picks_the_pod_the_simulator_says_costs_the_others_less()
     prefix. Own predictions tie (pod 0 even a little ahead), so own chance alone takes pod 0;
     the simulator, run both ways, says the uncached prefill on pod 0 lengthens the others'
     decode steps more. The recommended cache term sees that and takes pod 1."""
-    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
-    cluster.route(SimRequest(0, 0.0, prompt_tokens=3100, output_tokens=2, family=7, prefix_tokens=3000), 1)
-    cluster.advance_to(1.0)  # pod 1 now caches family 7's 3000-token prefix
-    background = []
-    for i in range(40):
-        req = SimRequest(1 + i, 1.0, prompt_tokens=300, output_tokens=400, family=100 + i, prefix_tokens=0)
-        cluster.route(req, i % 2)
-        background.append(req.request_id)
-    cluster.advance_to(1.5)  # all decoding
+    cluster, background = cached_prefix_scene(1, 300, [i % 2 for i in range(40)])
     new = SimRequest(99, 1.5, prompt_tokens=4000, output_tokens=50, family=7, prefix_tokens=3000)
     rows = cluster.candidate_rows(new)
     assert rows[1]["prefix_cache_score"] == pytest.approx(0.75) and rows[0]["prefix_cache_score"] == 0
 
     def others_tpot(pod: int) -> float:
-        trial = copy.deepcopy(cluster)
-        trial.route(new, pod)
-        return sum(c.tpot_ms for c in trial.drain() if c.request.request_id in background)
+        return sum(c.tpot_ms for c in run_with(cluster, new, pod) if c.request.request_id in background)
 
     assert others_tpot(0) > others_tpot(1)  # the simulator: the cached pod costs the others less
     own = [Prediction(150.0, 26.0), Prediction(152.0, 26.0)]
@@ -271,9 +290,7 @@ def test_the_recommended_harm_term_takes_the_pod_the_simulator_says_costs_the_ot
     rows = cluster.candidate_rows(new)
 
     def others_tpot(pod: int) -> float:
-        trial = copy.deepcopy(cluster)
-        trial.route(new, pod)
-        return sum(c.tpot_ms for c in trial.drain() if c.request.request_id != new.request_id)
+        return sum(c.tpot_ms for c in run_with(cluster, new, pod) if c.request.request_id != new.request_id)
 
     assert others_tpot(0) > others_tpot(1)  # the simulator: pod 1 costs the others less
     request = RoutingRequest(ttft_slo_ms=1000.0, tpot_slo_ms=60.0)
@@ -287,23 +304,13 @@ def test_the_decode_term_takes_a_cached_request_off_a_pod_full_of_decodes_as_the
     decode term the physics harm of a cached prompt on pod 0 is almost nothing however many requests
     decode there, so it goes to pod 0; the simulator, run both ways, says the others' decode steps
     (and its own) are longer there. The recommended decode term sees that and takes pod 1."""
-    cluster = Cluster([PodConfig(step_jitter_frac=0.0)] * 2, seed=0)
-    cluster.route(SimRequest(0, 0.0, prompt_tokens=3100, output_tokens=2, family=7, prefix_tokens=3000), 0)
-    cluster.advance_to(1.0)  # pod 0 now caches family 7's 3000-token prefix
-    background = []
-    for i in range(34):
-        req = SimRequest(1 + i, 1.0, prompt_tokens=700, output_tokens=400, family=100 + i, prefix_tokens=0)
-        cluster.route(req, 0 if i < 30 else 1)
-        background.append(req.request_id)
-    cluster.advance_to(1.5)  # all decoding
+    cluster, background = cached_prefix_scene(0, 700, [0] * 30 + [1] * 4)
     new = SimRequest(99, 1.5, prompt_tokens=3100, output_tokens=200, family=7, prefix_tokens=3000)
     rows = cluster.candidate_rows(new)
     assert rows[0]["prefix_cache_score"] > 0.9 and rows[1]["prefix_cache_score"] == 0
 
     def outcome(pod: int) -> tuple[float, float]:
-        trial = copy.deepcopy(cluster)
-        trial.route(new, pod)
-        done = trial.drain()
+        done = run_with(cluster, new, pod)
         others = sum(c.tpot_ms for c in done if c.request.request_id in background)
         (own,) = [c.tpot_ms for c in done if c.request.request_id == new.request_id]
         return others, own
@@ -338,9 +345,7 @@ def test_the_prefill_cost_keeps_a_hopeless_request_out_of_the_longest_prefill_qu
     assert rows[0]["prefill_tokens_in_flight"] >= 20000 and rows[1]["prefill_tokens_in_flight"] == 0
 
     def ttft(pod: int) -> float:
-        trial = copy.deepcopy(cluster)
-        trial.route(new, pod)
-        (own,) = [c.ttft_ms for c in trial.drain() if c.request.request_id == new.request_id]
+        (own,) = [c.ttft_ms for c in run_with(cluster, new, pod) if c.request.request_id == new.request_id]
         return own
 
     assert ttft(0) > 2 * ttft(1)
