@@ -69,11 +69,9 @@ class InProcessTraining:
             self.live.process(columns, stamps)
 
     def retrain(self, now_s: float) -> TrainingOutcome:
-        """One retrain, as the service's scheduler runs it: samples older than ``max_age_s`` leave the
-        window first; a published version becomes the live scorer's current."""
-        self.window.age_out(now_s)
-        snapshot = self.window.snapshot(self.settings.max_train_samples)
-        outcome = self.trainer.run(snapshot, now_s, self.window.size)
+        """One retrain, as the service's scheduler runs it (``Trainer.run_window``: samples older than
+        ``max_age_s`` leave the window first); a published version becomes the live scorer's current."""
+        outcome, _ = self.trainer.run_window(self.window, now_s)
         if outcome.outcome == "published" and outcome.version is not None and self.live is not None:
             self.live.set_current(self.store.load(outcome.version).manifest)
         return outcome

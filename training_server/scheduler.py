@@ -195,13 +195,10 @@ class RetrainScheduler:
     def _train_once(self) -> TrainingOutcome:
         """Trainer thread: age out, snapshot, train."""
         self._trained_upto = self._inserted_total
-        now_s = time.time()
-        aged = self.window.age_out(now_s)
+        outcome, aged = self.trainer.run_window(self.window, time.time())
         if aged:
             self.metrics.samples_evicted.labels("age").inc(aged)
-        window_samples = self.window.size
-        snapshot = self.window.snapshot(self.settings.max_train_samples)
-        return self.trainer.run(snapshot, now_s, window_samples)
+        return outcome
 
     def _record(self, outcome: TrainingOutcome) -> None:
         self._runs += 1

@@ -62,7 +62,7 @@ from shared.regimes import RegimeOffsets
 from training_server import evaluation
 from training_server.baseline_fit import fit_baseline
 from training_server.config import TrainingSettings
-from training_server.window import WindowSnapshot
+from training_server.window import StratifiedWindow, WindowSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +194,13 @@ class Trainer:
         outcome = self._decide_and_publish(candidates, current, window, len(snap))
         outcome.duration_s = time.perf_counter() - started
         return outcome
+
+    def run_window(self, window: StratifiedWindow, now_s: float) -> tuple[TrainingOutcome, int]:
+        """One retrain on ``window`` as it stands at ``now_s``: samples older than ``max_age_s`` leave it
+        first, then ``run`` on its snapshot. Returns the outcome and how many samples aged out."""
+        aged = window.age_out(now_s)
+        size = window.size
+        return self.run(window.snapshot(self.settings.max_train_samples), now_s, size), aged
 
     def _fit(
         self, name: str, snap: WindowSnapshot, features: np.ndarray, current: _Current | None, now_s: float
