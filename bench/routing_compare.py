@@ -21,8 +21,9 @@ What it does (about 3 minutes on an idle 2-core machine; ``--quick``: about a mi
 4. Tunes the recommended policy's settings on the *validation* seeds (high and bursty loads
    only; the best attainment among settings whose TTFT p99 is no longer than composite's at
    every one of them): first the cache and harm weights by routing alone, then the admission
-   slack with them; then evaluates every policy on every load on the *evaluation* seeds, each
-   (seed, load, policy) run in a pool of worker processes, and writes the tables and the plot.
+   test (the SLO test's slack or the harm test's weight) with them; then evaluates every policy
+   on every load on the *evaluation* seeds, each (seed, load, policy) run in a pool of worker
+   processes, and writes the tables and the plot.
    Composite is also run with another tie-break seed: the noise floor.
 
 Simulated time does not advance during a prediction, so in process or over HTTP the simulated
@@ -90,7 +91,19 @@ REFERENCE_ROUTING: tuple[Routing, ...] = (
     ("expected", 0.15, 0.005, 0.25, 0.0, 0.0),
     ("expected", 0.15, 0.005, 0.25, 4000.0, 0.0),
 )
-SLACK_GRID = (0.25, 0.1, 0.0, -0.1, -0.2)
+# The admission tests compared on the validation seeds, (rule, its parameter) of default_policy: the
+# SLO test's slack, the harm test's weight (scheduler_client.recommended).
+Admission = tuple[str, float]
+ADMISSION_GRID: tuple[Admission, ...] = (
+    ("slo", 0.25),
+    ("slo", 0.1),
+    ("slo", 0.0),
+    ("slo", -0.1),
+    ("slo", -0.2),
+    ("harm", 0.002),
+    ("harm", 0.003),
+    ("harm", 0.004),
+)
 # The shipped setting is kept unless another beats it by more than this (points of pooled attainment
 # on the validation seeds): re-runs with freshly trained models moved neighbouring settings by 0.3.
 KEEP_PTS = 0.3
@@ -219,8 +232,27 @@ SHIPPED_ROUTING: Routing = (
 )
 
 
-def _slack_name(slack: float) -> str:
-    return f"{RECOMMENDED_ADMISSION} slack {slack:g}"
+def _admission_name(rule: str, value: float) -> str:
+    return f"{RECOMMENDED_ADMISSION} {'slack' if rule == 'slo' else 'harm weight'} {value:g}"
+
+
+def _admission_settings(rule: str, value: float) -> Settings:
+    return {"admission_rule": rule, "admission_slack" if rule == "slo" else "admission_harm_weight": value}
+
+
+def _admission_entry(settings: Settings) -> Admission:
+    rule = str(settings["admission_rule"])
+    return rule, float(settings["admission_slack" if rule == "slo" else "admission_harm_weight"])
+
+
+def _admission_text(rule: str, value: float) -> str:
+    return f"SLO test slack {value:g}" if rule == "slo" else f"harm test weight {value:g}"
+
+
+SHIPPED_ADMISSION: Admission = (
+    recommended.ADMISSION_RULE,
+    recommended.ADMISSION_SLACK if recommended.ADMISSION_RULE == "slo" else recommended.ADMISSION_HARM_WEIGHT,
+)
 
 
 def tail_ok(results: Sequence[tuple[int, RunResult]], name: str, reference: str = "composite") -> bool:
@@ -257,7 +289,7 @@ def _tune(
     on the validation ``seeds`` and a TTFT p99 no worse than composite's at each of them (``_best``):
     the objective and weights by routing alone among ``ROUTING_GRID`` (ties: the earlier entry; the
     ``REFERENCE_ROUTING`` entries run beside them and are reported, not chosen), then the admission
-    slack with them (ties: the earlier slack)."""
+    test with them among ``ADMISSION_GRID`` (ties: the earlier entry)."""
     hard = [s.name for s in scenarios(seeds[0], requests) if s.name.endswith(("high", "near-saturation"))]
     none = json.dumps({})
     jobs: list[Job] = [(seed, requests, s, h, none) for seed in seeds for s in hard for h in HEURISTICS]
@@ -269,19 +301,17 @@ def _tune(
     results = _pool_runs(store, jobs, processes)
     shipped = _index(ROUTING_GRID, SHIPPED_ROUTING)
     chosen = _routing_settings(*ROUTING_GRID[_best(results, names, shipped)])
-    slack_names = [_slack_name(x) for x in SLACK_GRID]
+    admission_names = [_admission_name(*entry) for entry in ADMISSION_GRID]
     jobs = []
-    for name, slack in zip(slack_names, SLACK_GRID, strict=True):
-        settings = json.dumps({**chosen, "admission_slack": slack})
+    for name, entry in zip(admission_names, ADMISSION_GRID, strict=True):
+        settings = json.dumps({**chosen, **_admission_settings(*entry)})
         jobs += [(seed, requests, s, name, settings) for seed in seeds for s in hard]
     admission = _pool_runs(store, jobs, processes)
     composite = [(seed, r) for seed, r in results if r.policy == "composite"]
     keep = (
-        _index(SLACK_GRID, recommended.ADMISSION_SLACK)
-        if chosen == _routing_settings(*SHIPPED_ROUTING)
-        else None
+        _index(ADMISSION_GRID, SHIPPED_ADMISSION) if chosen == _routing_settings(*SHIPPED_ROUTING) else None
     )
-    chosen["admission_slack"] = SLACK_GRID[_best(admission + composite, slack_names, keep)]
+    chosen.update(_admission_settings(*ADMISSION_GRID[_best(admission + composite, admission_names, keep)]))
     return chosen, results + admission
 
 
@@ -303,7 +333,7 @@ def tuning_note(settings: Settings, results: Sequence[tuple[int, RunResult]], se
         return ", ".join(f"({o}, {c:g}, {h:g}, {t:g}, {d:g}, {w:g})" for o, c, h, t, d, w in grid)
 
     entries, references = listed(ROUTING_GRID), listed(REFERENCE_ROUTING)
-    shipped = {**_routing_settings(*SHIPPED_ROUTING), "admission_slack": recommended.ADMISSION_SLACK}
+    shipped = {**_routing_settings(*SHIPPED_ROUTING), **_admission_settings(*SHIPPED_ADMISSION)}
     agrees = (
         "These are the values `scheduler_client.recommended` ships."
         if shipped == settings
@@ -319,15 +349,15 @@ def tuning_note(settings: Settings, results: Sequence[tuple[int, RunResult]], se
         f"routing alone, among {entries} (ties: the earlier entry; every one has the decode term and "
         f"the prefill cost, which the second setting below needs; beside them, reported and not "
         f"chosen, the references {references}: the previous default and the decode term alone); then, "
-        f"with that setting, the admission slack among "
-        f"{', '.join(f'{x:g}' for x in SLACK_GRID)}; "
+        f"with that setting, the admission test among "
+        f"{', '.join(_admission_text(*x) for x in ADMISSION_GRID)}; "
         f"the shipped setting is kept unless another beats it by more than {KEEP_PTS:g} points (re-runs "
         f"with freshly trained models reorder settings that close). "
         f"Chosen: objective **{settings['objective']}**, cache weight **{settings['cache_weight']:g}**, "
         f"harm weight **{settings['harm_weight']:g}**, TTFT cost **{settings['ttft_cost_per_s']:g}** per "
         f"s, decode-equivalent tokens **{settings['decode_equivalent_tokens']:g}**, prefill cost "
-        f"**{settings['prefill_cost_per_ktoken']:g}** per 1000 tokens ahead, admission slack "
-        f"**{settings['admission_slack']:g}**. "
+        f"**{settings['prefill_cost_per_ktoken']:g}** per 1000 tokens ahead, admission "
+        f"**{_admission_text(*_admission_entry(settings))}**. "
         f"{agrees} Pooled over those seeds and loads:\n\n"
         f"| policy | SLO attainment | rejected | TTFT p99 (ms, mean over runs) | TTFT p99 <= composite's "
         f"at every load |\n|---|---:|---:|---:|---|\n"

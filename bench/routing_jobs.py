@@ -30,7 +30,7 @@ def policy_for(name: str, seed: int, settings: dict[str, float]) -> Policy:
     if name.startswith(RECOMMENDED_ADMISSION):
         return default_policy(seed, admission=True, **settings)
     if name.startswith(RECOMMENDED):
-        routing = {k: v for k, v in settings.items() if k != "admission_slack"}
+        routing = {k: v for k, v in settings.items() if not k.startswith("admission_")}
         return default_policy(seed, **routing)
     return PREDICTED[name](seed)
 

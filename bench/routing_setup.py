@@ -75,9 +75,11 @@ DESCRIPTIONS = {
     "objective and weights are chosen on the validation seeds, below",
     "slo-spread+admission": "slo-spread; a sheddable request is rejected when every pod's predicted TTFT "
     "or TPOT exceeds its SLO by more than 25%",
-    RECOMMENDED_ADMISSION: "`default_policy(admission=True)`: the recommended policy; a sheddable "
-    "request is rejected when every pod's predicted TTFT or TPOT exceeds its SLO x (1 + admission "
-    "slack; the slack is chosen on the validation seeds, below)",
+    RECOMMENDED_ADMISSION: "`default_policy(admission=True)`: the recommended policy with an admission "
+    "test for sheddable requests, chosen on the validation seeds (below) between the harm test (rejected "
+    "when on every pod its chance of meeting its SLO is smaller than the admission harm weight x the "
+    "physics harm of placing it there) and the SLO test (rejected when every pod's predicted TTFT or "
+    "TPOT exceeds its SLO x (1 + slack))",
 }
 
 

@@ -15,7 +15,7 @@ from scheduler_client.fallback import CompositeWeights, FallbackPolicy, Mode, co
 from scheduler_client.feeder import FeederConfig, FeederCounters, SampleFeeder, training_entry
 from scheduler_client.heuristics import CompositeHeuristic, LeastKV, LeastQueue, Policy, RandomPolicy
 from scheduler_client.picking import Picker
-from scheduler_client.placement import PlacementCost, with_request
+from scheduler_client.placement import HarmAdmission, PlacementCost, with_request
 from scheduler_client.policies import Admission, LowestLatency, PrefixAffinity, SloHeadroom
 from scheduler_client.recommended import default_policy
 from scheduler_client.router import Router, decide
@@ -31,6 +31,7 @@ __all__ = [
     "FallbackPolicy",
     "FeederConfig",
     "FeederCounters",
+    "HarmAdmission",
     "InvalidRowsError",
     "LatencyClient",
     "LeastKV",

@@ -82,6 +82,14 @@ else 50 ms).
 
 Wrapped in ``PrefixAffinity(..., threshold=0.8)`` this is the llm-d pipeline's shape: prefix
 affinity gated by predicted TTFT with epsilon exploration, then SLO headroom and the harm term.
+
+``HarmAdmission`` sheds in the same currency: a sheddable request is rejected when on every pod
+its own chance of meeting its SLO (``odds``, what admitting it adds to the expected attainment)
+is smaller than ``harm_weight`` x the physics harm its placement does to the pod's requests (what
+admitting it there takes from theirs). A pod with nothing on it has no harm, so a request is never
+shed while one is idle. ``Admission`` sheds only requests no pod is predicted to serve within their
+SLO, whatever they cost the others: under load it sheds requests that would have made it on a
+quiet pod and keeps ones that slow down a busy pod's decodes (docs/benchmarks-routing.md).
 """
 
 from __future__ import annotations
@@ -90,12 +98,22 @@ import math
 from collections.abc import Sequence
 from typing import Literal, get_args
 
+from scheduler_client.heuristics import Policy
 from scheduler_client.odds import DEFAULT_SPREADS, Spreads, log_chance
 from scheduler_client.picking import Picker
-from scheduler_client.policies import PredictedPolicy, SloHeadroom
+from scheduler_client.policies import Admission, PredictedPolicy, SloHeadroom
 from scheduler_client.types import Prediction, RoutingRequest, Row, meets_slo
 
-__all__ = ["HarmKind", "Objective", "PlacementCost", "prefill_ahead", "uncached_tokens", "with_request"]
+__all__ = [
+    "HarmAdmission",
+    "HarmKind",
+    "Objective",
+    "PlacementCost",
+    "physics_harms",
+    "prefill_ahead",
+    "uncached_tokens",
+    "with_request",
+]
 
 DEFAULT_OTHERS_TPOT_SLO_MS = 50.0
 HarmKind = Literal["physics", "tpot"]
@@ -115,6 +133,12 @@ def prefill_ahead(row: Row) -> int:
 
 def _others(row: Row) -> int:
     return int(row["num_request_running"]) + int(row["num_request_waiting"])
+
+
+def physics_harms(rows: Sequence[Row], decode_equivalent_tokens: float = 0.0) -> list[float]:
+    """Per candidate: the work placing the request there adds, times the requests it slows down
+    (``harm="physics"``; see the module docstring)."""
+    return [_others(row) * (uncached_tokens(row) + decode_equivalent_tokens) / 1000.0 for row in rows]
 
 
 def with_request(row: Row) -> dict[str, object]:
@@ -198,8 +222,7 @@ class PlacementCost(PredictedPolicy):
     ) -> list[float]:
         """Per candidate: the harm to the requests already there (``harm``; see the module docstring)."""
         if self.harm == "physics":
-            added = self.decode_equivalent_tokens
-            return [_others(row) * (uncached_tokens(row) + added) / 1000.0 for row in rows]
+            return physics_harms(rows, self.decode_equivalent_tokens)
         slo = self.others_tpot_slo_ms or request.tpot_slo_ms or DEFAULT_OTHERS_TPOT_SLO_MS
         if not extra:
             return [0.0] * len(rows)
@@ -252,3 +275,35 @@ class PlacementCost(PredictedPolicy):
             for c, harm, row, p in zip(own, harms, rows, predictions, strict=True)
         ]
         return costs, f"placement cost; {reason}"
+
+
+class HarmAdmission(Admission):
+    """Sheds a sheddable request when on every pod its chance of meeting its SLO is smaller than
+    ``harm_weight`` x the physics harm of placing it there (see the module docstring); else
+    ``inner`` decides."""
+
+    shed_reason = "shed: on every pod it costs the others more than its chance of meeting the SLO"
+
+    def __init__(
+        self,
+        inner: Policy,
+        *,
+        harm_weight: float,
+        decode_equivalent_tokens: float = 0.0,
+        spreads: Spreads = DEFAULT_SPREADS,
+    ) -> None:
+        if not 0 < harm_weight < math.inf:
+            raise ValueError("harm_weight must be a finite number > 0")
+        if decode_equivalent_tokens < 0 or not math.isfinite(decode_equivalent_tokens):
+            raise ValueError("decode_equivalent_tokens must be a finite number >= 0")
+        super().__init__(inner)
+        self.harm_weight = harm_weight
+        self.decode_equivalent_tokens = decode_equivalent_tokens
+        self.spreads = spreads
+
+    def sheds(self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction]) -> bool:
+        harms = physics_harms(rows, self.decode_equivalent_tokens)
+        return all(
+            math.exp(log_chance(request, p, self.spreads)) < self.harm_weight * harm
+            for p, harm in zip(predictions, harms, strict=True)
+        )

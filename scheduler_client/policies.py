@@ -46,7 +46,8 @@ sacrifice_slack_frac)``
     LLM latencies, ``slack_frac=0.5`` is roughly "more likely to miss than to meet"; a negative
     slack sheds unless some pod is predicted to meet the SLO with that much headroom.
     Everything else goes to ``inner``. Without predictions nothing is rejected: the fallback
-    cannot tell.
+    cannot tell. ``placement.HarmAdmission`` sheds by another test: what the request is worth
+    against what its placement costs the requests already on the pod.
 """
 
 from __future__ import annotations
@@ -269,6 +270,13 @@ class Admission:
     def extra_rows(self, request: RoutingRequest, rows: Sequence[Row]) -> list[Row]:
         return self.inner.extra_rows(request, rows)
 
+    def sheds(self, request: RoutingRequest, rows: Sequence[Row], predictions: Sequence[Prediction]) -> bool:
+        """Whether to shed this sheddable request with an SLO: no pod is predicted to meet it within
+        the slack."""
+        return not any(meets_slo(request, p, -self.slack_frac) for p in predictions)
+
+    shed_reason = "shed: no pod is predicted to meet the SLO"
+
     def choose(
         self,
         request: RoutingRequest,
@@ -277,11 +285,11 @@ class Admission:
         extra: Sequence[Prediction] | None = None,
     ) -> Decision:
         if (
-            request.sheddable
+            predictions is not None
+            and request.sheddable
             and request.has_slo
-            and predictions is not None
-            and not any(meets_slo(request, p, -self.slack_frac) for p in predictions)
+            and self.sheds(request, rows, predictions)
         ):
             self.rejected += 1
-            return Decision(None, self.name, True, "shed: no pod is predicted to meet the SLO")
+            return Decision(None, self.name, True, self.shed_reason)
         return self.inner.choose(request, rows, predictions, extra)

@@ -27,23 +27,32 @@ on), not ``-ln P``: the log paid a large price for a slightly better chance of
 a request that will miss anyway; with ``-P`` such a request goes where it costs the others least
 and, through the TTFT term, where it starts soonest (the TTFT tail).
 
-With ``admission=True`` the policy is wrapped in ``Admission(slack_frac=ADMISSION_SLACK)``:
-sheddable requests no pod is predicted to serve within their SLO times (1 + slack) are rejected.
+With ``admission=True`` the policy is wrapped in an admission test for sheddable requests, by
+``ADMISSION_RULE``: ``"harm"`` (``placement.HarmAdmission(harm_weight=ADMISSION_HARM_WEIGHT)``)
+rejects one when on every pod its chance of meeting its SLO is smaller than the admission harm
+weight x the physics harm of placing it there (the same harm as the cost's, with its decode term);
+``"slo"`` (``Admission(slack_frac=ADMISSION_SLACK)``) rejects one no pod is predicted to serve
+within its SLO times (1 + slack).
 
 ``OBJECTIVE``, ``HARM_WEIGHT``, ``CACHE_WEIGHT``, ``TTFT_COST_PER_S``, ``DECODE_EQUIVALENT_TOKENS``,
-``PREFILL_COST_PER_KTOKEN`` and ``ADMISSION_SLACK`` were chosen on the routing benchmark's validation
-seeds only (never its evaluation seeds), ``DECODE_EQUIVALENT_TOKENS`` and ``PREFILL_COST_PER_KTOKEN``
-also on the validation seeds of its second setting (a model learnt online, slower pods, one SLO:
+``PREFILL_COST_PER_KTOKEN``, ``ADMISSION_RULE``, ``ADMISSION_HARM_WEIGHT`` and ``ADMISSION_SLACK`` were
+chosen on the routing benchmark's validation seeds only (never its evaluation seeds),
+``DECODE_EQUIVALENT_TOKENS`` and ``PREFILL_COST_PER_KTOKEN`` also on the validation seeds of its second
+setting (a model learnt online, slower pods, one SLO:
 ``bench.routing_online``); the evidence is in docs/benchmarks-routing.md.
 """
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from scheduler_client.heuristics import Policy
-from scheduler_client.placement import HarmKind, Objective, PlacementCost
+from scheduler_client.placement import HarmAdmission, HarmKind, Objective, PlacementCost
 from scheduler_client.policies import Admission, PrefixAffinity
 
 __all__ = [
+    "ADMISSION_HARM_WEIGHT",
+    "ADMISSION_RULE",
     "ADMISSION_SLACK",
     "CACHE_WEIGHT",
     "DECODE_EQUIVALENT_TOKENS",
@@ -52,8 +61,11 @@ __all__ = [
     "OBJECTIVE",
     "PREFILL_COST_PER_KTOKEN",
     "TTFT_COST_PER_S",
+    "AdmissionRule",
     "default_policy",
 ]
+
+AdmissionRule = Literal["harm", "slo"]
 
 # Chosen on the validation seeds (bench.routing_compare); see the module docstring.
 OBJECTIVE: Objective = "expected"
@@ -63,6 +75,8 @@ CACHE_WEIGHT = 0.15
 TTFT_COST_PER_S = 0.25
 DECODE_EQUIVALENT_TOKENS = 4000.0
 PREFILL_COST_PER_KTOKEN = 0.04
+ADMISSION_RULE: AdmissionRule = "harm"
+ADMISSION_HARM_WEIGHT = 0.003
 ADMISSION_SLACK = 0.0
 AFFINITY_THRESHOLD = 0.8
 
@@ -73,6 +87,8 @@ def default_policy(
     admission: bool = False,
     harm_weight: float = HARM_WEIGHT,
     cache_weight: float = CACHE_WEIGHT,
+    admission_rule: AdmissionRule = ADMISSION_RULE,
+    admission_harm_weight: float = ADMISSION_HARM_WEIGHT,
     admission_slack: float = ADMISSION_SLACK,
     harm: HarmKind = HARM_KIND,
     objective: Objective = OBJECTIVE,
@@ -104,4 +120,12 @@ def default_policy(
         epsilon=0.05,
         seed=seed,
     )
-    return Admission(policy, slack_frac=admission_slack) if admission else policy
+    if not admission:
+        return policy
+    if admission_rule == "harm":
+        return HarmAdmission(
+            policy, harm_weight=admission_harm_weight, decode_equivalent_tokens=decode_equivalent_tokens
+        )
+    if admission_rule == "slo":
+        return Admission(policy, slack_frac=admission_slack)
+    raise ValueError(f"admission_rule must be one of {get_args(AdmissionRule)}")

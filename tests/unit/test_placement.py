@@ -15,6 +15,7 @@ import pytest
 
 from scheduler_client import (
     Admission,
+    HarmAdmission,
     PlacementCost,
     Prediction,
     PrefixAffinity,
@@ -24,8 +25,10 @@ from scheduler_client import (
     with_request,
 )
 from scheduler_client.odds import Spreads, log_chance
-from scheduler_client.placement import prefill_ahead
+from scheduler_client.placement import physics_harms, prefill_ahead
 from scheduler_client.recommended import (
+    ADMISSION_HARM_WEIGHT,
+    ADMISSION_RULE,
     ADMISSION_SLACK,
     AFFINITY_THRESHOLD,
     CACHE_WEIGHT,
@@ -237,12 +240,45 @@ def test_the_readme_documents_default_policy_as_it_is() -> None:
     assert "the lowest -P(meeting both the TTFT and the TPOT SLO)" in readme
     assert isinstance(default_policy().base, PlacementCost) and default_policy().base.objective == "expected"
     assert default_policy().extra_rows(BATCH, [row(running=1)]) == []  # no extra rows are sent
-    assert f"within {1 + ADMISSION_SLACK:g} x their SLO" in readme
     policy = default_policy()
     assert isinstance(policy, PrefixAffinity) and policy.epsilon == 0.05 and "5% exploration" in readme
     assert policy.ttft_margin_ms == 50.0 and "within max(50 ms, 25%) of the best pod" in readme
     shedding = default_policy(admission=True)
-    assert isinstance(shedding, Admission) and shedding.slack_frac == ADMISSION_SLACK
+    assert ADMISSION_RULE == "harm" and isinstance(shedding, HarmAdmission)
+    assert shedding.harm_weight == ADMISSION_HARM_WEIGHT
+    assert shedding.decode_equivalent_tokens == DECODE_EQUIVALENT_TOKENS
+    assert f"smaller than {ADMISSION_HARM_WEIGHT:g} x that harm on every pod" in readme
+    by_slo = default_policy(admission=True, admission_rule="slo")
+    assert isinstance(by_slo, Admission) and by_slo.slack_frac == ADMISSION_SLACK
+    with pytest.raises(ValueError, match="admission_rule"):
+        default_policy(admission=True, admission_rule="never")  # type: ignore[arg-type]
+
+
+def test_harm_admission_sheds_a_request_worth_less_than_what_it_costs_busy_pods() -> None:
+    """Every pod holds 45 decoding requests and the request's p90 is within its SLO, so the SLO test
+    admits it. Its chance of meeting the SLO (0.84) is worth less than the harm its 3000-token prefill
+    and decode do to those requests (0.003 x 315): the harm test sheds it. With a pod of 30 (harm
+    0.003 x 210), or an idle one, or for a request that may not be shed, it is routed."""
+    within = [Prediction(240.0, 29.0), Prediction(240.0, 29.0)]
+    chance = math.exp(log_chance(INTERACTIVE, within[0]))
+    assert chance == pytest.approx(0.84, abs=0.005)
+    crowded, busy = [row(running=45), row(running=45)], [row(running=45), row(running=30)]
+    assert physics_harms(busy, 4000) == pytest.approx([315.0, 210.0])
+    sheddable = RoutingRequest(250.0, 30.0, sheddable=True)
+    policy = HarmAdmission(PlacementCost(0.0), harm_weight=0.003, decode_equivalent_tokens=4000)
+    assert Admission(PlacementCost(0.0)).choose(sheddable, crowded, within).admitted
+    shed = policy.choose(sheddable, crowded, within)
+    assert shed.pod is None and "costs the others more" in shed.reason and policy.rejected == 1
+    assert policy.choose(sheddable, busy, within).admitted
+    assert policy.choose(INTERACTIVE, crowded, within).admitted  # not sheddable
+    assert policy.choose(sheddable, crowded, None).admitted  # fallback: nothing is shed
+    idle = [row(running=45), row(running=0)]
+    hopeless = [Prediction(2000.0, 90.0), Prediction(2000.0, 90.0)]
+    assert not Admission(PlacementCost(0.0)).choose(sheddable, idle, hopeless).admitted
+    assert policy.choose(sheddable, idle, hopeless).admitted  # an idle pod has no harm
+    assert policy.rejected == 1
+    with pytest.raises(ValueError):
+        HarmAdmission(PlacementCost(0.0), harm_weight=0.0)
 
 
 def test_the_cache_term_picks_the_pod_the_simulator_says_costs_the_others_less() -> None:
