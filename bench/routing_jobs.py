@@ -30,7 +30,9 @@ def policy_for(name: str, seed: int, settings: dict[str, float]) -> Policy:
     if name.startswith(RECOMMENDED_ADMISSION):
         return default_policy(seed, admission=True, **settings)
     if name.startswith(RECOMMENDED):
-        routing = {k: v for k, v in settings.items() if not k.startswith("admission_")}
+        # The same settings serve both recommended policies; the admission ones count only with admission.
+        keep = settings.get("admission", False)
+        routing = {k: v for k, v in settings.items() if keep or not k.startswith("admission_")}
         return default_policy(seed, **routing)
     return PREDICTED[name](seed)
 

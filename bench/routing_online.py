@@ -141,6 +141,7 @@ def run_one(job: tuple[str, int, dict[str, Any], dict[str, dict[str, Any]]]) -> 
         "seed": seed,
         "arrivals": result.arrivals,
         "met": result.met_slo,
+        "rejected": result.rejected,
         "met_late": met_late,
         "late": result.arrivals - cfg["warm"],
         "ttft_ms": result.ttft_ms,
@@ -157,9 +158,9 @@ def run_one(job: tuple[str, int, dict[str, Any], dict[str, dict[str, Any]]]) -> 
 def table(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
     """Pooled over seeds, one row per policy (percentiles: the mean of each seed's)."""
     lines = [
-        "| policy | SLO attainment | after the first requests | per seed | TTFT p50 / p90 / p99 (ms) "
+        "| policy | SLO attainment | after the first requests | per seed | shed | TTFT p50 / p90 / p99 (ms) "
         "| TPOT p50 / p90 / p99 (ms) | missed TTFT / TPOT | retrains |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         rs = [r for r in runs if r["policy"] == name]
@@ -172,7 +173,7 @@ def table(runs: Sequence[dict[str, Any]], names: Sequence[str]) -> str:
         lines.append(
             f"| {name} | {100 * sum(r['met'] for r in rs) / arrivals:.1f}% "
             f"| {100 * sum(r['met_late'] for r in rs) / sum(r['late'] for r in rs):.1f}% "
-            f"| {per_seed} | {pct('ttft_ms')} "
+            f"| {per_seed} | {100 * sum(r['rejected'] for r in rs) / arrivals:.1f}% | {pct('ttft_ms')} "
             f"| {pct('tpot_ms')} | {100 * sum(r['ttft_missed'] for r in rs) / arrivals:.1f}% / "
             f"{100 * sum(r['tpot_missed'] for r in rs) / arrivals:.1f}% "
             f"| {np.mean([r['retrains'] for r in rs]):.0f} |"
