@@ -258,6 +258,7 @@ class Admission:
     """Sheds sheddable requests no pod is predicted to serve within their SLO; else ``inner`` decides."""
 
     uses_predictions = True
+    shed_reason = "shed: no pod is predicted to meet the SLO"
 
     def __init__(self, inner: Policy, *, slack_frac: float = 0.0) -> None:
         if not -1.0 < slack_frac < math.inf:
@@ -274,8 +275,6 @@ class Admission:
         """Whether to shed this sheddable request with an SLO: no pod is predicted to meet it within
         the slack."""
         return not any(meets_slo(request, p, -self.slack_frac) for p in predictions)
-
-    shed_reason = "shed: no pod is predicted to meet the SLO"
 
     def choose(
         self,
