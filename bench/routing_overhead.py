@@ -13,7 +13,9 @@ same simulated pod states, alternating, decision by decision, between
 - the recommended ``default_policy()`` (expected-attainment objective, physics harm, cache and
   TTFT terms: all computed from the rows and their predictions, so 8 rows);
 - ``default_policy(harm="tpot", harm_weight=1)``: the model-based harm, 8 candidate rows + 8
-  "with this request" rows.
+  "with this request" rows;
+- ``default_policy(admission=True)``: the recommended policy behind its admission test (the harm
+  test: the same 8 rows, a chance and a harm per candidate).
 
 Prints p50/p90/p99 of each and of the difference, in wall time over HTTP, and in CPU time
 (``time.thread_time``) of the same decisions computed in process by the prediction server's
@@ -68,6 +70,7 @@ async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> 
         "today (8 rows)": SloHeadroom("spread"),
         "recommended (8 rows)": default_policy(),
         "placement cost (16 rows)": default_policy(harm="tpot", harm_weight=1.0),
+        "recommended + admission (8 rows)": default_policy(admission=True),
     }
     times: dict[str, list[float]] = {name: [] for name in policies}
     times.update({f"{name}, CPU in process": [] for name in policies})
@@ -117,7 +120,7 @@ def main() -> None:
                 _retrain(training, prediction)
                 times = asyncio.run(_time(prediction.url, data / "models", args.decisions, args.seed))
     names = list(times)
-    wall, cpu = names[:3], names[3:]
+    wall, cpu = names[: len(names) // 2], names[len(names) // 2 :]
     for group, label in ((wall, "wall, HTTP"), (cpu, "CPU, in process")):
         base = group[0]
         for name in group:
