@@ -192,6 +192,13 @@ Re-measured on 2026-12-06 with the decode term and the prefill cost (the same co
 medians): CPU in process p50 / p99 0.204 / 0.863 ms today, 0.228 / 0.906 ms `default_policy()`,
 which adds +0.044 ms at p99 (paired p50 / p99 +0.024 / +0.150 ms); over HTTP its p99 was 5.95 ms
 against today's 6.59 ms. The two terms are a few arithmetic operations per candidate from the rows.
+
+Re-measured on 2026-12-06 with the harm admission test, `default_policy(admission=True)` a fourth
+policy in the rotation (the same command, three runs, medians): CPU in process p50 / p99 0.251 /
+0.949 ms today, 0.279 / 1.022 ms `default_policy()`, 0.282 / 0.962 ms `default_policy(admission=True)`,
+which adds +0.013 ms at p99 over today (paired p50 / p99 +0.030 / +0.199 ms); over HTTP its p99 was
+5.76 ms against today's 7.56 ms. The test is one chance and one harm per candidate, from the rows and
+predictions the policy already has.
 """
 
 
