@@ -236,22 +236,29 @@ def _admission_name(rule: str, value: float) -> str:
     return f"{RECOMMENDED_ADMISSION} {'slack' if rule == 'slo' else 'harm weight'} {value:g}"
 
 
+# The default_policy keyword that holds each admission rule's parameter.
+_ADMISSION_PARAMETER = {"slo": "admission_slack", "harm": "admission_harm_weight"}
+
+
 def _admission_settings(rule: str, value: float) -> Settings:
-    return {"admission_rule": rule, "admission_slack" if rule == "slo" else "admission_harm_weight": value}
+    return {"admission_rule": rule, _ADMISSION_PARAMETER[rule]: value}
 
 
 def _admission_entry(settings: Settings) -> Admission:
     rule = str(settings["admission_rule"])
-    return rule, float(settings["admission_slack" if rule == "slo" else "admission_harm_weight"])
+    return rule, float(settings[_ADMISSION_PARAMETER[rule]])
 
 
 def _admission_text(rule: str, value: float) -> str:
     return f"SLO test slack {value:g}" if rule == "slo" else f"harm test weight {value:g}"
 
 
-SHIPPED_ADMISSION: Admission = (
-    recommended.ADMISSION_RULE,
-    recommended.ADMISSION_SLACK if recommended.ADMISSION_RULE == "slo" else recommended.ADMISSION_HARM_WEIGHT,
+SHIPPED_ADMISSION: Admission = _admission_entry(
+    {
+        "admission_rule": recommended.ADMISSION_RULE,
+        "admission_slack": recommended.ADMISSION_SLACK,
+        "admission_harm_weight": recommended.ADMISSION_HARM_WEIGHT,
+    }
 )
 
 
