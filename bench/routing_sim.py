@@ -124,16 +124,17 @@ class RunResult:
         return self.met_slo / self.arrivals if self.arrivals else 0.0
 
 
+def meets_slos(c: Completion) -> bool:
+    """Whether a completed request met both its TTFT and its TPOT SLO (an unset SLO is met)."""
+    return c.ttft_ms <= (c.request.ttft_slo_ms or np.inf) and c.tpot_ms <= (c.request.tpot_slo_ms or np.inf)
+
+
 def summarize(
     scenario: str, policy: str, arrivals: list[SimRequest], done: list[Completion], rejected: int
 ) -> RunResult:
     ttft = np.array([c.ttft_ms for c in done])
     tpot = np.array([c.tpot_ms for c in done if c.tpot_ms > 0])
-    met = sum(
-        1
-        for c in done
-        if c.ttft_ms <= (c.request.ttft_slo_ms or np.inf) and c.tpot_ms <= (c.request.tpot_slo_ms or np.inf)
-    )
+    met = sum(1 for c in done if meets_slos(c))
     start_s = arrivals[0].arrival_s if arrivals else 0.0
     span_s = max((c.finished_s for c in done), default=start_s) - start_s
     return RunResult(
