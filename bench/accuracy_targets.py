@@ -209,7 +209,10 @@ def summarise_stream(
 ) -> dict[str, Any]:
     """Overall, per regime, per depth bin and per stage metrics of the trained-model requests, the
     overall figures including the prior, and per step ``(name, at_s, segment_end_s)`` the recovery
-    time of ours and of the naive baseline and the coverage of the 60 s after the step."""
+    time of ours and of the naive baseline and the coverage of the 60 s after the step; and
+    ``steady_recovery_s``, the recovery rule applied to the steady stage before the first step (from
+    up to 120 s before it), where nothing changed: a rule a steady model cannot pass there does not
+    measure recovery."""
     trained = s.subset(s.trained)
     out: dict[str, Any] = {
         "overall": metrics(trained, quantile),
@@ -220,7 +223,15 @@ def summarise_stream(
         "stage": grouped(trained, trained.stage, quantile),
         "stage_with_prior": grouped(s, s.stage, quantile),
         "steps": [],
+        "steady_recovery_s": None,
     }
+    if steps and len(trained):
+        # The recovery rule on the steady stage before the first step, from a point with no change
+        # at all: what it reads for a stage the model has followed all along (not judged).
+        first_s = steps[0][1]
+        start_s = max(float(trained.time_s.min()), first_s - 2 * RECOVERY_LIMIT_S)
+        covered = trained.actual <= trained.predicted
+        out["steady_recovery_s"] = recovery_s(trained.time_s, covered, start_s, first_s, quantile)
     for name, at_s, end_s in steps:
         after = (s.time_s >= at_s) & (s.time_s < at_s + RECOVERY_LIMIT_S)
         naive_known = ~np.isnan(s.naive)

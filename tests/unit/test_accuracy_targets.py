@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -118,3 +119,26 @@ def test_prior_answers_are_reported_apart_and_steps_get_a_recovery_time() -> Non
     assert out["prior_requests"] == 100 and out["overall"]["samples"] == n - 100
     assert out["steps"][0]["recovery_s"] == pytest.approx(40.0)
     assert any(c["target"].startswith("recovery after jump") and c["pass"] for c in judge(out, Q))
+
+
+def test_the_recovery_rule_is_also_read_on_the_steady_stage_before_the_first_step() -> None:
+    # Covered 90% everywhere before the step at 200 s, but in alternating 10-s windows of 100% and
+    # 80%: calibrated over the stage, yet no two windows in a row are within 3 points of 0.90.
+    t = np.arange(0.0, 300.0, 0.1)
+    covered = np.where((t // 10) % 2 == 0, np.arange(len(t)) % 10 < 10, np.arange(len(t)) % 10 < 8)
+    actual = np.ones_like(t)
+    stream = Stream(
+        time_s=t,
+        stage=np.where(t < 200, "0", "1"),
+        waiting=np.zeros_like(t),
+        depth_bin=np.full(len(t), "waiting=0-0"),
+        predicted=np.where(covered, 2.0, 0.5),
+        naive=np.full(len(t), np.nan),
+        actual=actual,
+        trained=t >= 20,
+    )
+    summary = summarise_stream(stream, 0.9, [("step", 200.0, 300.0)])
+    assert abs(summary["overall"]["coverage"] - 0.9) < 0.01
+    assert summary["steady_recovery_s"] is None
+    even = dataclasses.replace(stream, predicted=np.where(np.arange(len(t)) % 10 < 9, 2.0, 0.5))
+    assert summarise_stream(even, 0.9, [("step", 200.0, 300.0)])["steady_recovery_s"] == 10.0
