@@ -169,10 +169,8 @@ def _details(r: dict[str, Any], q: float) -> list[str]:
                 f"{_pct(a['first_60s'])} | {_s(b['recovery_s'])} / {_s(b['naive_recovery_s'])} | "
                 f"{_pct(b['first_60s'])} |"
             )
-        lines.append(
-            f"| (no change: the same rule on the steady stage) | | {_s(s['ttft'].get('steady_recovery_s'))} | "
-            f"| {_s(s['tpot'].get('steady_recovery_s'))} | |"
-        )
+        steady = [_s(s[m].get("steady_recovery_s")) for m in ("ttft", "tpot")]
+        lines.append(f"| (no change: the same rule on the steady stage) | | {steady[0]} | | {steady[1]} | |")
     lines.append("")
     return lines
 
