@@ -202,6 +202,51 @@ predictions the policy already has.
 """
 
 
+ROLLOUT = """## How much routing alone can gain here: a clairvoyant reference (`bench.routing_rollout`)
+
+```
+OMP_NUM_THREADS=1 .venv/bin/python -m bench.routing_rollout --seeds 7,8,9 --ttft-cost 0,1
+```
+
+The routing-alone target (+2 points at high and bursty loads, TTFT p99 no worse) has been missed at
+two or three of the four loads by every variant tried so far (History, below). To tell a weak policy from a
+small room, `bench.routing_rollout` routes the same scenarios and evaluation seeds with knowledge no
+scheduler has: for each candidate pod it copies the pod's simulator state (queues, KV, prefix
+cache, the seeded step jitter), places the request on the copy and runs it until every request there
+has finished, with no further arrivals. It picks the pod where the placement adds the most requests
+meeting both SLOs, the request itself and the pod's others (the exact version of the recommended
+policy's own chance and harm terms), less a TTFT cost per second of the request's own TTFT (as the
+recommended policy's TTFT term; ties: the shorter TTFT). It needs no model, so its rows are
+deterministic, and composite's are the page's. Measured on 2026-12-06 (25 min on 2 cores), pooled
+over seeds 7-9; the recommended policy's rows are this page's (a fresh model):
+
+Attainment over composite's in points, TTFT p99 in brackets (ms):
+
+| load | composite, % | recommended (this page) | rollout, no TTFT cost | rollout, TTFT cost 1/s |
+|---|---:|---:|---:|---:|
+| chat / high | 83.4 (858) | +1.7 (942) | +3.3 (2460) | +2.1 (860) |
+| chat / bursty near-saturation | 64.3 (3233) | +3.1 (3138) | +9.9 (14328) | +2.4 (2997) |
+| prefix-heavy / high | 95.5 (555) | +1.3 (352) | +1.7 (529) | +1.6 (500) |
+| prefix-heavy / bursty near-saturation | 71.7 (3662) | +1.0 (3112) | +2.0 (8508) | +0.1 (3459) |
+
+- Knowing each placement's exact consequence for the requests already on the pod, one request at a
+  time, meets the target (+2 points and a TTFT p99 no longer than composite's) at chat / bursty only;
+  at chat / high it gains +2.1 points with a p99 2 ms longer than composite's. At the prefix-heavy
+  loads it gains +1.6 and +0.1 points, against the recommended policy's +1.3 and +1.0.
+- Without the TTFT cost it gains more (+3.3, +9.9, +1.7, +2.0 points) by sending requests that
+  will miss anyway behind long queues where they harm nobody: the "sacrifice" rule, with a TTFT p99
+  2.3-4.4x composite's at three of the four loads.
+- It is not an upper bound: it ignores the requests still to come (what it places now delays them,
+  a prefix it caches now serves them). A router that anticipated them (say, kept prefix families on
+  their pods for the requests that follow) could do better. But that is a decision about the future
+  arrivals, which no prediction of the current request's TTFT and TPOT answers.
+- So on this simulator the routing-alone target is at or beyond what choosing a pod per request can
+  reach with a tail no worse than composite's. The recommended policy, with predictions instead of
+  exact copies, is within 0.4 points of the reference at chat / high and prefix-heavy / high, and
+  ahead of it at both bursty loads (+3.1 against +2.4, +1.0 against +0.1).
+"""
+
+
 ONLINE = """## A second setting: a model learnt online, one SLO, slower pods (`bench.routing_online`)
 
 Everything above routes with one frozen model on our default pods and three SLO classes. Issue #10
@@ -936,6 +981,7 @@ share of decisions made by the composite fallback because predictions were missi
   online, one SLO and slower pods, the recommended policy trails the best heuristic by 0.6-2.8
   points, with the shortest TTFT tail (section "A second setting", below).
 
+{ROLLOUT}
 {OVERHEAD}
 {ONLINE}
 {HISTORY}"""
