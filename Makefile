@@ -12,7 +12,7 @@ unit:
 	$(PY) -m pytest tests/unit tests/service
 e2e:
 	$(PY) -m pytest -m e2e
-bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~60 min in all)
+bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~85 min in all)
 	OMP_NUM_THREADS=1 $(PY) bench/training_ingest.py --out docs/benchmarks-training.md
 	OMP_NUM_THREADS=1 $(PY) bench/prediction_load.py --runs 3 --step-s 3 --probe-s 1.5 --fractions 0.8,1.0,1.2 --max-steps 7
 	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/model_load.py
@@ -22,6 +22,7 @@ bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~60 
 	OMP_NUM_THREADS=1 $(PY) bench/accuracy_evidence.py --out docs/benchmarks-accuracy.md
 	OMP_NUM_THREADS=1 $(PY) -m bench.routing_compare
 	for rps in 14 17 20 24; do OMP_NUM_THREADS=1 $(PY) -m bench.routing_online --rps $$rps; done
+	OMP_NUM_THREADS=1 $(PY) -m bench.routing_rollout
 run:
 	$(PY) -m stack
 demo:
