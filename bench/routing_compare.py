@@ -54,6 +54,7 @@ from bench.routing_local import StorePredictions
 from bench.routing_report import markdown_table, plot, pooled, summary_table
 from bench.routing_setup import (
     DESCRIPTIONS,
+    HARD_LOADS,
     HEURISTICS,
     MIXES,
     PREDICTED,
@@ -297,7 +298,7 @@ def _tune(
     the objective and weights by routing alone among ``ROUTING_GRID`` (ties: the earlier entry; the
     ``REFERENCE_ROUTING`` entries run beside them and are reported, not chosen), then the admission
     test with them among ``ADMISSION_GRID`` (ties: the earlier entry)."""
-    hard = [s.name for s in scenarios(seeds[0], requests) if s.name.endswith(("high", "near-saturation"))]
+    hard = [s.name for s in scenarios(seeds[0], requests) if s.name.endswith(HARD_LOADS)]
     none = json.dumps({})
     jobs: list[Job] = [(seed, requests, s, h, none) for seed in seeds for s in hard for h in HEURISTICS]
     names = [_routing_name(*entry) for entry in ROUTING_GRID]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.routing_report import TARGETS, paired_differences
+from bench.routing_setup import HARD_LOADS
 from bench.routing_sim import SHEDDABLE_SHARE, SLO_CLASSES, RunResult
 
 
@@ -89,7 +90,7 @@ def _targets(results: Sequence[RunResult], heuristics: set[str], noise: dict[str
         alone, shed = rows.get(TARGETS[0]), rows.get(TARGETS[1])
         if alone is None or shed is None:
             continue
-        hard = scenario.endswith(("high", "near-saturation"))
+        hard = scenario.endswith(HARD_LOADS)
         need_alone, need_shed = (2.0, 5.0) if hard else (-noise.get(scenario, 0.0), None)
         d_alone = 100 * (alone.attainment - h.attainment)
         d_shed = 100 * (shed.attainment - h.attainment)

@@ -42,11 +42,9 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from bench.routing_report import pooled
-from bench.routing_setup import HEURISTICS, scenarios
+from bench.routing_setup import HARD_LOADS, HEURISTICS, scenarios
 from bench.routing_sim import RunResult, Scenario, meets_slos, run_policy, summarize, with_slos
 from stack.simulator import Cluster, Completion, SimRequest
-
-HARD_LOADS = ("high", "near-saturation")
 
 
 class Rollout:
@@ -96,9 +94,7 @@ class Rollout:
 def run_rollout(scenario: Scenario, ttft_cost_per_s: float) -> RunResult:
     """``scenario`` routed by ``Rollout`` (in arrival order, as ``routing_sim.run_policy``)."""
     arrivals = scenario.requests()
-    cluster = Cluster(
-        list(scenario.pods) if isinstance(scenario.pods, tuple) else scenario.pods, seed=scenario.cluster_seed
-    )
+    cluster = scenario.cluster()
     router = Rollout(cluster, ttft_cost_per_s)
     done: list[Completion] = []
     for req, _ in with_slos(arrivals, scenario.workload.seed):
@@ -129,18 +125,18 @@ def _composite(seed: int, requests: int, name: str) -> RunResult:
 
 
 def table(per_seed: Sequence[tuple[int, RunResult]], costs: Sequence[float]) -> str:
-    """Markdown: per load, composite's pooled attainment and TTFT p99, and each rollout's."""
+    """Markdown, pooled over the seeds: per load, composite's attainment (%) and each rollout's
+    difference to it (points), with the TTFT p99 in brackets (ms, mean over the seeds)."""
     rows = {(r.scenario, r.policy): r for r in pooled(per_seed)}
     loads = list(dict.fromkeys(r.scenario for _, r in per_seed))
-    head = "| load | composite | " + " | ".join(policy_name(c) for c in costs) + " |"
+    head = "| load | composite, % | " + " | ".join(policy_name(c) for c in costs) + " |"
     out = [head, "|---|" + "---:|" * (len(costs) + 1)]
     for load in loads:
         base = rows[(load, "composite")]
-        cells = [f"{base.attainment:.1%} (p99 {base.ttft_ms['p99']:.0f} ms)"]
+        cells = [f"{base.attainment * 100:.1f} ({base.ttft_ms['p99']:.0f})"]
         for cost in costs:
             r = rows[(load, policy_name(cost))]
-            diff = (r.attainment - base.attainment) * 100
-            cells.append(f"{r.attainment:.1%}, {diff:+.1f} pts (p99 {r.ttft_ms['p99']:.0f} ms)")
+            cells.append(f"{(r.attainment - base.attainment) * 100:+.1f} ({r.ttft_ms['p99']:.0f})")
         out.append(f"| {load} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

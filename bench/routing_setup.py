@@ -135,6 +135,7 @@ MIXES = (
         ),
     ),
 )
+HARD_LOADS = ("high", "near-saturation")  # the loads named by their ends, where the targets of #10 apply
 NOMINAL_RPS = 100.0  # each stream is generated at this rate, then scaled to each load
 
 

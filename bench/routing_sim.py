@@ -62,6 +62,10 @@ class Scenario:
     cluster_seed: int = 0
     offered_rps: float | None = None
 
+    def cluster(self) -> Cluster:
+        """A fresh pool of this scenario's pods."""
+        return Cluster(list(self.pods) if isinstance(self.pods, tuple) else self.pods, seed=self.cluster_seed)
+
     def requests(self) -> list[SimRequest]:
         arrivals = list(Workload(self.workload))
         if self.offered_rps is None or len(arrivals) < 2:
@@ -176,9 +180,7 @@ async def run_policy(
     if policy.uses_predictions and client is None:
         raise ValueError(f"policy {policy.name} needs a LatencyClient")
     arrivals = scenario.requests()
-    cluster = Cluster(
-        list(scenario.pods) if isinstance(scenario.pods, tuple) else scenario.pods, seed=scenario.cluster_seed
-    )
+    cluster = scenario.cluster()
     done: list[Completion] = []
     rejected = fallbacks = 0
     versions: Counter[str] = Counter()
