@@ -210,7 +210,7 @@ OMP_NUM_THREADS=1 .venv/bin/python -m bench.routing_rollout --seeds 7,8,9 --ttft
 ```
 
 The routing-alone target (+2 points at high and bursty loads, TTFT p99 no worse) has been missed at
-two or three of the four loads by every variant tried so far (History, below). To tell a weak policy from a
+two or more of the four loads by every variant tried so far (History, below). To tell a weak policy from a
 small room, `bench.routing_rollout` routes the same scenarios and evaluation seeds with knowledge no
 scheduler has: for each candidate pod it copies the pod's simulator state (queues, KV, prefix
 cache, the seeded step jitter), places the request on the copy and runs it until every request there
