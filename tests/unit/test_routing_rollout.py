@@ -9,7 +9,7 @@ import math
 from bench.routing_rollout import Rollout, run_rollout
 from bench.routing_setup import scenarios
 from bench.routing_sim import meets_slos
-from stack.simulator import Cluster, Completion, SimRequest, Workload, WorkloadConfig
+from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
 
 
 def _loaded_cluster(pods_used: int = 2) -> tuple[Cluster, list[SimRequest]]:
@@ -49,7 +49,41 @@ def test_rollout_places_a_request_on_the_idle_pod_rather_than_behind_a_queue() -
     assert Rollout(cluster).choose(req, cluster.candidate_rows(req)) == 1
 
 
-def test_rollout_counts_the_harm_to_the_requests_already_on_the_pod() -> None:
+def _mirrored(tight_pod: int) -> tuple[Cluster, SimRequest]:
+    """Two identical pods running the same requests; on ``tight_pod`` they have TPOT SLOs only 2%
+    above the TPOT they are on course for, on the other pod loose ones."""
+    pods = [PodConfig(step_jitter_frac=0.0)] * 2
+    base = list(Workload(WorkloadConfig(rate_rps=30.0, num_requests=40, seed=11)))
+    course, done = Cluster(pods), []
+    for req in base:
+        done += course.advance_to(req.arrival_s)
+        course.route(req, 0)
+    tpot = {c.request.request_id: c.tpot_ms for c in done + course.drain()}
+    cluster = Cluster(pods)
+    for req in base:
+        cluster.advance_to(req.arrival_s)
+        tight = dataclasses.replace(req, ttft_slo_ms=1e6, tpot_slo_ms=1.02 * tpot[req.request_id] or 1e6)
+        loose = dataclasses.replace(req, request_id=req.request_id + 1000, ttft_slo_ms=1e6, tpot_slo_ms=1e6)
+        cluster.route(tight, tight_pod)
+        cluster.route(loose, 1 - tight_pod)
+    # A long prompt with loose SLOs of its own, arriving while both pods are decoding.
+    cluster.advance_to(base[-1].arrival_s + 0.05)
+    new = dataclasses.replace(base[0], request_id=5000, prompt_tokens=6000, prefix_tokens=0)
+    return cluster, dataclasses.replace(new, arrival_s=cluster.now_s, ttft_slo_ms=1e6, tpot_slo_ms=1e6)
+
+
+def test_rollout_avoids_the_pod_whose_requests_its_prefill_would_push_past_their_slos() -> None:
+    for tight_pod in (0, 1):
+        cluster, req = _mirrored(tight_pod)
+        # The pods run the same work, so the request's own outcome is the same on both.
+        assert (
+            cluster.candidate_rows(req)[0]["prefill_tokens_in_flight"]
+            == (cluster.candidate_rows(req)[1]["prefill_tokens_in_flight"])
+        )
+        assert Rollout(cluster).choose(req, cluster.candidate_rows(req)) == 1 - tight_pod
+
+
+def test_rollout_remembers_the_chosen_pods_trajectory_with_the_request_on_it() -> None:
     cluster, requests = _loaded_cluster()
     router = Rollout(cluster)
     req = requests[200]
