@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from bench.routing_local import StorePredictions
-from bench.routing_setup import HEURISTICS, PREDICTED, RECOMMENDED, RECOMMENDED_ADMISSION, scenarios
+from bench.routing_setup import HEURISTICS, PREDICTED, RECOMMENDED, RECOMMENDED_ADMISSION, scenario_named
 from bench.routing_sim import RunResult, run_policy
 from scheduler_client import CompositeHeuristic, Policy, default_policy
 
@@ -39,7 +39,7 @@ def policy_for(name: str, seed: int, settings: dict[str, float]) -> Policy:
 
 def run_job(store: str, seed: int, requests: int, scenario: str, policy: str, settings: str) -> str:
     """One run; ``settings`` is a JSON object of ``default_policy`` keywords."""
-    (chosen,) = [s for s in scenarios(seed, requests) if s.name == scenario]
+    chosen = scenario_named(scenario, seed, requests)
     routed = policy_for(policy, seed, json.loads(settings))
     source = None
     if routed.uses_predictions:

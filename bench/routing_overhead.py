@@ -36,7 +36,7 @@ import numpy as np
 
 from bench.routing_compare import _retrain, _route_and_feed
 from bench.routing_local import StorePredictions
-from bench.routing_setup import HEURISTICS, scenarios
+from bench.routing_setup import HEURISTICS, scenario_named, scenarios
 from bench.routing_sim import with_slos
 from scheduler_client import (
     ClientConfig,
@@ -47,7 +47,6 @@ from scheduler_client import (
     decide,
     default_policy,
 )
-from stack.simulator import Cluster
 from tests.procs import start_service
 
 
@@ -64,8 +63,8 @@ def _cpu_ms(
 
 
 async def _time(prediction_url: str, store: Path, decisions: int, seed: int) -> dict[str, list[float]]:
-    (scenario,) = [s for s in scenarios(seed, decisions) if s.name == "chat / high"]
-    cluster = Cluster(8, seed=seed)
+    scenario = scenario_named("chat / high", seed, decisions)
+    cluster = scenario.cluster()
     policies: dict[str, Policy] = {
         "today (8 rows)": SloHeadroom("spread"),
         "recommended (8 rows)": default_policy(),

@@ -32,7 +32,6 @@ deterministic and ``advance_to`` in steps or at once gives the same completions;
 from __future__ import annotations
 
 import argparse
-import asyncio
 import copy
 import math
 import sys
@@ -41,9 +40,10 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from bench.routing_jobs import result_from_json, run_job
 from bench.routing_report import pooled
-from bench.routing_setup import HARD_LOADS, HEURISTICS, scenarios
-from bench.routing_sim import RunResult, Scenario, meets_slos, run_policy, summarize, with_slos
+from bench.routing_setup import HARD_LOADS, scenario_named, scenarios
+from bench.routing_sim import RunResult, Scenario, meets_slos, summarize, with_slos
 from stack.simulator import Cluster, Completion, SimRequest
 
 
@@ -112,16 +112,8 @@ def policy_name(ttft_cost_per_s: float) -> str:
 
 def _job(job: tuple[int, int, str, float]) -> tuple[int, RunResult, float]:
     seed, requests, name, ttft_cost = job
-    (scenario,) = [s for s in scenarios(seed, requests) if s.name == name]
     started = time.perf_counter()
-    return seed, run_rollout(scenario, ttft_cost), time.perf_counter() - started
-
-
-def _composite(seed: int, requests: int, name: str) -> RunResult:
-    (scenario,) = [s for s in scenarios(seed, requests) if s.name == name]
-    result = asyncio.run(run_policy(scenario, HEURISTICS["composite"](seed)))
-    result.policy = "composite"
-    return result
+    return seed, run_rollout(scenario_named(name, seed, requests), ttft_cost), time.perf_counter() - started
 
 
 def table(per_seed: Sequence[tuple[int, RunResult]], costs: Sequence[float]) -> str:
@@ -151,7 +143,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     costs = [float(c) for c in args.ttft_cost.split(",")]
     loads = [s.name for s in scenarios(seeds[0], args.requests) if s.name.endswith(HARD_LOADS)]
-    per_seed = [(seed, _composite(seed, args.requests, load)) for seed in seeds for load in loads]
+    # composite as the routing benchmark runs it (no model: run_job needs no store for a heuristic)
+    per_seed = [
+        (seed, result_from_json(run_job("", seed, args.requests, load, "composite", "{}")))
+        for seed in seeds
+        for load in loads
+    ]
     jobs = [(seed, args.requests, load, cost) for load in loads for cost in costs for seed in seeds]
     with ProcessPoolExecutor(args.processes) as pool:
         for seed, result, elapsed_s in pool.map(_job, jobs):

@@ -139,6 +139,12 @@ HARD_LOADS = ("high", "near-saturation")  # the loads named by their ends, where
 NOMINAL_RPS = 100.0  # each stream is generated at this rate, then scaled to each load
 
 
+def scenario_named(name: str, seed: int, num_requests: int) -> Scenario:
+    """The scenario ``name`` (e.g. "chat / high") of ``scenarios(seed, num_requests)``."""
+    (chosen,) = [s for s in scenarios(seed, num_requests) if s.name == name]
+    return chosen
+
+
 def scenarios(seed: int, num_requests: int, mixes: Sequence[Mix] = MIXES) -> list[Scenario]:
     """One scenario per (mix, load); the loads of a mix with the same burstiness share one sequence."""
     out = []
