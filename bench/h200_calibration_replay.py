@@ -7,8 +7,9 @@ on the store's current version, regime offsets included) before its samples go t
 to the training server's own live scorer (``training_server.live_scoring.LiveScorer``: the online
 calibration, publishing calibration versions with no minimum interval); the trainer retrains after
 every ``--retrain-every`` entries with the live scorer's offsets, as the service does. Requests a
-model answered with the prior's trees are left out. Per trace and model: coverage and pinball
-overall, coverage per load stage with each stage's median log ratio of prediction to actual
+model answered with the prior's trees are left out (and counted in a second coverage and pinball,
+what a client sees from the start). Per trace and model: coverage and pinball overall, coverage per
+load stage with each stage's median log ratio of prediction to actual
 (over-prediction > 0). ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field, e.g. the
 model structure (``work_baseline=false``, ``monotone_constraints=false``: trees only) or
 ``live_scoring=false`` (no online calibration).
@@ -74,10 +75,17 @@ def replay(
         rows = (actual > 0) & trained[name]
         covered = actual <= predicted[name]
         diff = actual[rows] - predicted[name][rows]
+        answered = actual > 0  # the prior's answers too: what a client sees from the start
+        every = actual[answered] - predicted[name][answered]
         cells: dict[str, Any] = {
             "rows": int(rows.sum()),
             "coverage": float(covered[rows].mean()) if rows.any() else None,
             "pinball_ms": float(np.mean(np.maximum(q * diff, (q - 1) * diff))) if rows.any() else None,
+            "with_prior": {
+                "rows": int(answered.sum()),
+                "coverage": float(covered[answered].mean()),
+                "pinball_ms": float(np.mean(np.maximum(q * every, (q - 1) * every))),
+            },
         }
         for s in range(len(stages)):
             m = rows & (np.arange(n) >= bounds[s]) & (np.arange(n) < bounds[s + 1])
@@ -114,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
                 for k, v in cells.items()
                 if k.startswith("stage")
             )
+            every = cells["with_prior"]
             print(
                 f"{trace} {name.upper()} coverage {cells['coverage']:.3f} (n={cells['rows']}), "
-                f"pinball {cells['pinball_ms']:.2f} ms; {stages}",
+                f"pinball {cells['pinball_ms']:.2f} ms; with the prior's answers {every['coverage']:.3f} "
+                f"(n={every['rows']}), {every['pinball_ms']:.2f} ms; {stages}",
                 flush=True,
             )
     if args.json is not None:
