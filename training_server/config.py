@@ -84,7 +84,16 @@ class TrainingSettings(ServiceSettings):
         default=1.0, ge=0, description="Least time between the start of two automatic retrains."
     )
     min_train_samples: int = Field(
-        default=500, ge=20, description="Fewest samples with a non-zero target needed to train that model."
+        default=500,
+        ge=20,
+        description="Fewest samples with a non-zero TTFT needed to train TTFT (TPOT: its own, below).",
+    )
+    min_train_samples_tpot: int = Field(
+        default=200,
+        ge=20,
+        description="Fewest samples with a non-zero TPOT needed to train TPOT; until then the prior answers. "
+        "Fewer than TTFT's: a TPOT's p90 is 1.05-1.2x its median on the H200 traces (a TTFT's 2-3x, its "
+        "p99 up to 70x), so fewer samples pin it down.",
     )
     holdout_fraction: float = Field(
         default=0.15, gt=0, lt=0.5, description="Newest share of samples held out to evaluate candidates."

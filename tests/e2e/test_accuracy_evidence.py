@@ -30,6 +30,8 @@ pytestmark = [
 FAST = [
     "--min-train-samples",
     "100",
+    "--min-train-samples-tpot",
+    "100",
     "--min-new-samples",
     "300",
     "--retrain-interval-s",

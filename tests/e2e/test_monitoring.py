@@ -67,7 +67,16 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningS
     logs = tmp / "logs"
     training = start_service(
         "training_server",
-        ["--data-dir", str(tmp / "data"), "--min-train-samples", "100", "--n-estimators", "20"],
+        [
+            "--data-dir",
+            str(tmp / "data"),
+            "--min-train-samples",
+            "100",
+            "--min-train-samples-tpot",
+            "100",
+            "--n-estimators",
+            "20",
+        ],
         log_dir=logs,
     )
     running = [training]

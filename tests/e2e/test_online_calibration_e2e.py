@@ -201,7 +201,15 @@ def test_the_prior_is_calibrated_online_before_the_first_retrain(tmp_path: Path)
     calibration follows them (a calibration version that stays of kind ``prior``), and a replica
     serves it; the first retrain then replaces it as it replaces any prior."""
     data, logs = tmp_path / "data", tmp_path / "logs"
-    flags = ["--data-dir", str(data), *BASE_FLAGS, "--min-train-samples", "100000"]
+    flags = [
+        "--data-dir",
+        str(data),
+        *BASE_FLAGS,
+        "--min-train-samples",
+        "100000",
+        "--min-train-samples-tpot",
+        "100000",
+    ]
     with (
         start_service("training_server", flags, log_dir=logs) as ts,
         httpx.Client(timeout=30) as client,

@@ -153,6 +153,20 @@ def test_too_few_samples_is_a_skip_not_a_publish(tmp_path: Path) -> None:
     assert store.current_version() == prior_version
 
 
+def test_tpot_trains_from_its_own_threshold_before_ttft_does(tmp_path: Path) -> None:
+    """TPOT's p90 is pinned down by fewer samples than TTFT's heavy tail: 300 samples train TPOT
+    (threshold 200 by default) while TTFT (500) keeps the prior's answers."""
+    store = ModelStore(tmp_path / "models")
+    publish_prior(store, QUANTILE)
+    settings = _settings(tmp_path, min_train_samples=500)
+    assert settings.min_train_samples_tpot == 200
+    outcome = Trainer(store, settings).run(_window(300, seed=4).snapshot(), time.time())
+    assert outcome.outcome == "published", outcome
+    manifest = store.load().manifest
+    assert manifest.model_kind("tpot") == "trained" and manifest.model_kind("ttft") == "prior"
+    assert outcome.models["ttft"]["reason"].startswith("only")
+
+
 def test_a_stop_request_cancels_training(tmp_path: Path) -> None:
     store = ModelStore(tmp_path / "models")
     trainer = Trainer(store, _settings(tmp_path))
