@@ -41,6 +41,7 @@ def replay(
     from bench.inprocess_training import InProcessTraining
     from shared.features import build_features
     from shared.schemas import parse_training_entries
+    from training_server.evaluation import pinball_loss
 
     trace = load_trace(name, directory)
     entries = trace.entries
@@ -74,17 +75,16 @@ def replay(
         actual = columns[f"actual_{name}_ms"]
         rows = (actual > 0) & trained[name]
         covered = actual <= predicted[name]
-        diff = actual[rows] - predicted[name][rows]
+        loss = pinball_loss(actual, predicted[name], q)
         answered = actual > 0  # the prior's answers too: what a client sees from the start
-        every = actual[answered] - predicted[name][answered]
         cells: dict[str, Any] = {
             "rows": int(rows.sum()),
             "coverage": float(covered[rows].mean()) if rows.any() else None,
-            "pinball_ms": float(np.mean(np.maximum(q * diff, (q - 1) * diff))) if rows.any() else None,
+            "pinball_ms": float(loss[rows].mean()) if rows.any() else None,
             "with_prior": {
                 "rows": int(answered.sum()),
                 "coverage": float(covered[answered].mean()),
-                "pinball_ms": float(np.mean(np.maximum(q * every, (q - 1) * every))),
+                "pinball_ms": float(loss[answered].mean()),
             },
         }
         for s in range(len(stages)):

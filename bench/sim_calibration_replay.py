@@ -286,7 +286,7 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
         if k != "waiting=0-0"
     )
     recovery = " ".join(str(step["recovery_s"]) for step in s["steps"])
-    recovery += f" (steady stage: {s.get('steady_recovery_s')})"
+    recovery += f" (steady stage: {s['steady_recovery_s']})"
     met = sum(bool(c["pass"]) for c in checks)
     return (
         f"{name} {model.upper()} coverage {s['overall']['coverage']:.3f} "

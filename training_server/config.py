@@ -287,3 +287,7 @@ class TrainingSettings(ServiceSettings):
     @property
     def journal_dir(self) -> Path:
         return self.data_dir / "journal"
+
+    def min_train_samples_of(self, model: str) -> int:
+        """Fewest samples with a non-zero target that train ``model`` (``ttft`` or ``tpot``)."""
+        return self.min_train_samples_tpot if model == "tpot" else self.min_train_samples

@@ -208,7 +208,7 @@ class Trainer:
         s = self.settings
         actual = snap.column(TARGETS[name]) if len(snap) else np.empty(0)
         rows = np.flatnonzero(actual > 0)
-        if len(rows) < (s.min_train_samples_tpot if name == "tpot" else s.min_train_samples):
+        if len(rows) < s.min_train_samples_of(name):
             return _Candidate(name, {"usable": len(rows)}, reason=f"only {len(rows)} samples")
         rows = rows[np.lexsort((snap.column("seq")[rows], snap.column("timestamp")[rows]))]
         n_hold = max(1, round(len(rows) * s.holdout_fraction))
