@@ -105,6 +105,13 @@ class TrainingSettings(ServiceSettings):
         description="Share of samples used to calibrate the quantile (conformal offset), spread over the "
         "window in short runs.",
     )
+    cross_conformal_below: int = Field(
+        default=100,
+        ge=0,
+        description="A calibration split smaller than this is replaced by cross-conformal calibration: every "
+        "fitted sample calibrates, predicted by trees fitted on the other folds (0: always a split). A small "
+        "split's conformal offset is its largest residuals, so a few stalls in a first window set it.",
+    )
     publish_tolerance: float = Field(
         default=0.0,
         ge=0,

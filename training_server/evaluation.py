@@ -85,6 +85,14 @@ def calibration_mask(n: int, n_cal: int, runs: int = CALIBRATION_RUNS) -> np.nda
     return np.asarray(rank_from_newest <= quota[segment])
 
 
+def fold_ids(n: int, folds: int, runs: int = CALIBRATION_RUNS) -> np.ndarray:
+    """The fold (0 to ``folds - 1``) of each of ``n`` time-ordered samples for cross-conformal
+    calibration: the span is cut into ``runs`` equal segments, dealt to the folds in turn, so each
+    fold samples every part of the window, in short runs (as ``calibration_mask``'s split does)."""
+    runs = max(folds, min(runs, n))
+    return np.arange(n) * runs // max(n, 1) % folds
+
+
 def mean_offset(target: np.ndarray, margin: np.ndarray) -> float:
     """Offset on a log1p margin that makes the mean prediction match the mean actual (smearing)."""
     log_ratio = np.log1p(np.expm1(target).mean()) - np.log(np.exp(margin).mean())

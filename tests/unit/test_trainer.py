@@ -16,7 +16,7 @@ from shared.features import build_features
 from shared.prior import publish_prior
 from training_server import synthetic
 from training_server.config import TrainingSettings
-from training_server.evaluation import calibration_mask, conformal_offset, evaluate, pinball_loss
+from training_server.evaluation import calibration_mask, conformal_offset, evaluate, fold_ids, pinball_loss
 from training_server.trainer import Trainer, TrainingCancelled, min_leaf_samples
 from training_server.window import StratifiedWindow, WindowSnapshot
 
@@ -216,6 +216,32 @@ def test_conformal_offset_and_metrics() -> None:
     assert metrics["per_stratum"] == {}  # 4 samples: too few to report per stratum
 
 
+def test_a_small_window_calibrates_on_every_sample_not_on_a_split_of_a_few(tmp_path: Path) -> None:
+    """400 samples, 8 of them 50x slower (stalls no feature shows), all in the rows a split would
+    calibrate on: 60 of 340. The split's conformal offset is then one of those outliers' residuals;
+    cross-conformal calibration scores all 340 rows out of fold, where 8 outliers are 2 %."""
+    n, n_hold, n_cal = 400, 60, 60
+    columns = synthetic.samples(n, np.random.default_rng(21))
+    slow = np.flatnonzero(calibration_mask(n - n_hold, n_cal))[::7][:8]
+    columns["actual_ttft_ms"][slow] *= 50.0
+    stamps = time.time() - 100 + np.linspace(0, 99, n)
+    fresh = synthetic.samples(20_000, np.random.default_rng(22))
+    offsets, coverage = {}, {}
+    for below in (0, 100):
+        window = StratifiedWindow(stratum_cap=1_000_000, max_age_s=3600)
+        window.insert(columns, stamps)
+        settings = _settings(tmp_path / str(below), cross_conformal_below=below)
+        store = ModelStore(settings.store_dir)
+        outcome = Trainer(store, settings).run(window.snapshot(), time.time())
+        assert outcome.outcome == "published"
+        assert outcome.models["ttft"]["samples"]["calibration"] == (n_cal if below == 0 else n - n_hold)
+        model_set = store.load()
+        offsets[below] = model_set.manifest.models["ttft"].calibration_offset
+        coverage[below] = float(np.mean(fresh["actual_ttft_ms"] <= _predict(model_set, "ttft", fresh)))
+    assert offsets[0] > 2.5 and coverage[0] > 0.99, (offsets, coverage)  # a split: 10x too wide
+    assert offsets[100] < 1.0 and 0.8 <= coverage[100] <= 0.97, (offsets, coverage)
+
+
 def _bursty_window(n: int, seed: int, burst_blocks: set[int], block: int = 1000) -> StratifiedWindow:
     """Samples in time order whose latency is doubled during bursts (blocks of ``block`` samples).
 
@@ -260,6 +286,16 @@ def test_calibration_mask_spreads_the_split_over_the_span() -> None:
     assert len(runs) + 1 == 40  # forty separate runs ...
     assert max(len(r) for r in np.split(rows, runs)) <= 4  # ... each a few rows long
     assert calibration_mask(10, 0).sum() == 0 and calibration_mask(7, 7).all()
+
+
+def test_cross_conformal_folds_each_span_the_window_in_short_runs() -> None:
+    fold = fold_ids(1000, 5)
+    assert np.bincount(fold).tolist() == [200] * 5
+    for k in range(5):
+        rows = np.flatnonzero(fold == k)
+        assert rows.min() < 200 and rows.max() > 800  # every fold samples old and new rows ...
+        assert len(np.flatnonzero(np.diff(rows) > 1)) + 1 == 8  # ... in eight runs of 25
+    assert sorted(set(fold_ids(12, 5).tolist())) == [0, 1, 2, 3, 4]
 
 
 def test_quantile_leaves_hold_enough_samples_beyond_their_quantile(tmp_path: Path) -> None:
