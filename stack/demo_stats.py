@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training_server.evaluation import pinball_loss
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -102,12 +104,6 @@ class LatencyWindow:
         return float(np.percentile(np.fromiter(self._values, dtype=float, count=len(self._values)), q))
 
 
-def pinball_loss(predicted: np.ndarray, actual: np.ndarray, quantile: float) -> float:
-    """Mean pinball (quantile) loss; lower is better, and it rewards calibration and sharpness."""
-    diff = actual - predicted
-    return float(np.mean(np.maximum(quantile * diff, (quantile - 1.0) * diff)))
-
-
 def accuracy_report(
     predicted: np.ndarray, actual: np.ndarray, quantile: float
 ) -> dict[str, float | int | None]:
@@ -127,6 +123,6 @@ def accuracy_report(
         "count": n,
         "coverage": float(np.mean(actual <= predicted)),
         "mape": float(np.mean(np.abs(predicted - actual) / actual)),
-        "pinball": pinball_loss(predicted, actual, quantile),
-        "constant_pinball": pinball_loss(constant, actual, quantile),
+        "pinball": float(pinball_loss(actual, predicted, quantile).mean()),
+        "constant_pinball": float(pinball_loss(actual, constant, quantile).mean()),
     }

@@ -9,7 +9,7 @@ import pytest
 
 from stack.dashboard import DemoSnapshot, LiveView, render_line
 from stack.demo_report import DemoRun, build_summary, format_summary
-from stack.demo_stats import LatencyWindow, Outcome, RollingAccuracy, accuracy_report, pinball_loss
+from stack.demo_stats import LatencyWindow, Outcome, RollingAccuracy, accuracy_report
 
 
 def test_coverage_and_mape_over_the_window() -> None:
@@ -69,10 +69,10 @@ def test_latency_percentiles() -> None:
 
 def test_pinball_loss_and_constant_baseline() -> None:
     actual = np.array([10.0, 20.0, 30.0, 40.0])
-    assert pinball_loss(actual, actual, 0.9) == 0.0
+    assert accuracy_report(actual, actual, 0.9)["pinball"] == 0.0
     # Under-prediction costs q per ms, over-prediction (1 - q) per ms.
-    assert pinball_loss(np.array([0.0]), np.array([10.0]), 0.9) == pytest.approx(9.0)
-    assert pinball_loss(np.array([10.0]), np.array([0.0 + 1e-12]), 0.9) == pytest.approx(1.0)
+    assert accuracy_report(np.array([0.0]), np.array([10.0]), 0.9)["pinball"] == pytest.approx(9.0)
+    assert accuracy_report(np.array([20.0]), np.array([10.0]), 0.9)["pinball"] == pytest.approx(1.0)
     report = accuracy_report(actual * 1.05, actual, 0.9)
     assert report["count"] == 4 and report["coverage"] == 1.0
     assert report["mape"] == pytest.approx(0.05)
