@@ -260,7 +260,8 @@ class Trainer:
         metrics["calibration_coverage"] = float(np.mean(actual[cal] <= cal_predicted))
         candidate = _Candidate(
             name,
-            {"train": len(train), "calibration": len(cal), "holdout": len(hold)},
+            {"train": len(train), "calibration": len(cal), "holdout": len(hold)}
+            | ({"folds": CROSS_FOLDS} if cross else {}),
             booster=booster,
             offset=offset,
             baseline=baseline,

@@ -234,7 +234,9 @@ def test_a_small_window_calibrates_on_every_sample_not_on_a_split_of_a_few(tmp_p
         store = ModelStore(settings.store_dir)
         outcome = Trainer(store, settings).run(window.snapshot(), time.time())
         assert outcome.outcome == "published"
-        assert outcome.models["ttft"]["samples"]["calibration"] == (n_cal if below == 0 else n - n_hold)
+        samples = outcome.models["ttft"]["samples"]
+        assert samples["calibration"] == (n_cal if below == 0 else n - n_hold)
+        assert samples.get("folds") == (None if below == 0 else 5)
         model_set = store.load()
         offsets[below] = model_set.manifest.models["ttft"].calibration_offset
         coverage[below] = float(np.mean(fresh["actual_ttft_ms"] <= _predict(model_set, "ttft", fresh)))
