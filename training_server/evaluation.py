@@ -78,7 +78,7 @@ def calibration_mask(n: int, n_cal: int, runs: int = CALIBRATION_RUNS) -> np.nda
     n_cal = max(0, min(n_cal, n))
     runs = max(1, min(runs, n_cal))
     position = np.arange(n)
-    segment = position * runs // max(n, 1)
+    segment = _segments(n, runs)
     segment_end = np.cumsum(np.bincount(segment, minlength=runs))
     quota = np.bincount(np.arange(n_cal) * runs // max(n_cal, 1), minlength=runs)
     rank_from_newest = segment_end[segment] - position  # 1 for the newest row of its segment
@@ -89,8 +89,12 @@ def fold_ids(n: int, folds: int, runs: int = CALIBRATION_RUNS) -> np.ndarray:
     """The fold (0 to ``folds - 1``) of each of ``n`` time-ordered samples for cross-conformal
     calibration: the span is cut into ``runs`` equal segments, dealt to the folds in turn, so each
     fold samples every part of the window, in short runs (as ``calibration_mask``'s split does)."""
-    runs = max(folds, min(runs, n))
-    return np.arange(n) * runs // max(n, 1) % folds
+    return _segments(n, max(folds, min(runs, n))) % folds
+
+
+def _segments(n: int, runs: int) -> np.ndarray:
+    """The segment (0 to ``runs - 1``) of each of ``n`` time-ordered samples: ``runs`` equal spans."""
+    return np.arange(n) * runs // max(n, 1)
 
 
 def mean_offset(target: np.ndarray, margin: np.ndarray) -> float:

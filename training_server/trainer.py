@@ -222,8 +222,11 @@ class Trainer:
         # Too few samples for a calibration split: every fitted sample calibrates, each predicted
         # by trees that did not see it (``_cross_conformal``), and the served trees fit them all.
         cross = s.objective == "quantile" and n_cal < s.cross_conformal_below
-        is_cal = evaluation.calibration_mask(len(fit_rows), n_cal)
-        train, cal = (fit_rows, fit_rows) if cross else (fit_rows[~is_cal], fit_rows[is_cal])
+        if cross:
+            train = cal = fit_rows
+        else:
+            is_cal = evaluation.calibration_mask(len(fit_rows), n_cal)
+            train, cal = fit_rows[~is_cal], fit_rows[is_cal]
         target = to_margin_target(actual, "log1p")
         train_x, hold_x = features[train], features[hold]
         weight = _recency_weights(snap, train, now_s, s.recency_half_life_s)
@@ -243,7 +246,7 @@ class Trainer:
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         booster = self._boost(name, train_x, target[train], weight, spec)
         if cross:
-            margin_cal = self._cross_conformal(name, snap, features, target, cal, spec, now_s)
+            margin_cal = self._cross_conformal(name, train_x, target[train], weight, spec)
         else:
             margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
         cal_base = base_margin(features[cal], spec)
@@ -303,18 +306,11 @@ class Trainer:
         return booster
 
     def _cross_conformal(
-        self,
-        name: str,
-        snap: WindowSnapshot,
-        features: np.ndarray,
-        target: np.ndarray,
-        rows: np.ndarray,
-        spec: ModelSpec,
-        now_s: float,
+        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, spec: ModelSpec
     ) -> np.ndarray:
-        """The trees' margin on each of ``rows`` (time-ordered) from trees fitted without it.
+        """The trees' margin on each row of ``x`` (time-ordered) from trees fitted without it.
 
-        ``rows`` are cut into ``CROSS_FOLDS`` folds, each made of short runs spread over the whole
+        The rows are cut into ``CROSS_FOLDS`` folds, each made of short runs spread over the whole
         span (``evaluation.fold_ids``, as the calibration split is); each fold is predicted by trees
         fitted on the others (cross-conformal, Vovk 2015; CV+, Barber, Candes, Ramdas and
         Tibshirani 2021), around the same baseline, fitted on all of them: a handful of slopes,
@@ -324,13 +320,13 @@ class Trainer:
         1.4-5.1 s with no queue and an empty cache, against a median of 65 ms), and a split of
         about 15 samples gave a first TTFT model an offset of 3.1 in log units (22x).
         """
-        fold = evaluation.fold_ids(len(rows), CROSS_FOLDS)
-        margin = np.empty(len(rows))
+        fold = evaluation.fold_ids(len(x), CROSS_FOLDS)
+        margin = np.empty(len(x))
         for k in range(CROSS_FOLDS):
-            inside, outside = rows[fold != k], rows[fold == k]
-            weight = _recency_weights(snap, inside, now_s, self.settings.recency_half_life_s)
-            booster = self._boost(name, features[inside], target[inside], weight, spec)
-            margin[fold == k] = booster.inplace_predict(features[outside], predict_type="margin")
+            inside = fold != k
+            fold_weight = None if weight is None else weight[inside]
+            booster = self._boost(name, x[inside], target[inside], fold_weight, spec)
+            margin[~inside] = booster.inplace_predict(x[~inside], predict_type="margin")
         return margin
 
     def _decide_and_publish(
