@@ -125,6 +125,9 @@ class HttpSource:
         self._cache = LocalSource(cache_dir) if cache_dir is not None else None
         self._manifests: dict[str, Manifest] = {}
         self._etag: tuple[str, str] | None = None  # (ETag of the current manifest, its version)
+        # The model files of the last version that passed verification, by SHA-256: a calibration
+        # version (new offsets, the same files) is then fetched as its manifest alone.
+        self._verified: dict[str, bytes] = {}
 
     async def current_version(self) -> str | None:
         # A cheap check: with If-None-Match the training server answers 304 without a body while
@@ -169,11 +172,17 @@ class HttpSource:
         cached = await self._from_cache(manifest)
         if cached is not None:
             return cached
-        files = {name: await self._file(version, spec.file) for name, spec in manifest.models.items()}
+        files = {
+            name: self._verified[spec.sha256]
+            if spec.sha256 in self._verified
+            else await self._file(version, spec.file)
+            for name, spec in manifest.models.items()
+        }
         return Fetched(manifest, files)
 
     async def remember(self, fetched: Fetched) -> None:
-        """Keep a verified version in the cache directory (best effort)."""
+        """Keep a verified version's files for the next fetch, and in the cache directory (best effort)."""
+        self._verified = {spec.sha256: fetched.files[name] for name, spec in fetched.manifest.models.items()}
         if self._cache is None:
             return
         try:
@@ -238,8 +247,12 @@ def _write_cached_version(store: ModelStore, fetched: Fetched) -> None:
         staging = store.root / f".incoming-{uuid.uuid4().hex}"
         staging.mkdir(parents=True)
         try:
+            shared = _cached_files(store)
             for name, spec in fetched.manifest.models.items():
-                write_synced(staging / spec.file, fetched.files[name])
+                try:  # a calibration version's files are those of the version it recalibrates
+                    os.link(shared[spec.sha256], staging / spec.file)
+                except (KeyError, OSError):
+                    write_synced(staging / spec.file, fetched.files[name])
             write_synced(staging / MANIFEST_FILE, fetched.manifest.to_json())
             fsync_dir(staging)
             os.rename(staging, target)
@@ -249,6 +262,19 @@ def _write_cached_version(store: ModelStore, fetched: Fetched) -> None:
                 raise
     store.point_to(version)
     store.prune()
+
+
+def _cached_files(store: ModelStore) -> dict[str, Path]:
+    """The model files of the cache's current version, by SHA-256 (none if it has none or is unreadable)."""
+    try:
+        version = store.current_version()
+        if version is None:
+            return {}
+        manifest = store.read_manifest(version)
+    except (OSError, ArtifactError):
+        return {}
+    directory = store.versions_dir / version
+    return {spec.sha256: directory / spec.file for spec in manifest.models.values()}
 
 
 def _read_or_empty(path: Path) -> bytes:

@@ -40,7 +40,7 @@ from prediction_server.store_sources import (
     StoreUnavailable,
     make_source,
 )
-from shared.artifacts import Manifest, verify_model_set
+from shared.artifacts import Manifest, fallback_order, verify_model_set
 from shared.errors import ArtifactError
 from shared.logging import log_event, log_task_failure
 
@@ -155,7 +155,7 @@ class StoreWatcher:
             versions = await _within(self.source.versions(), io_budget_s)
         except StoreUnavailable:
             return False
-        for version in sorted(versions, key=lambda v: (v.endswith("-trained"), v), reverse=True):
+        for version in fallback_order(versions):
             if version in self.refused:
                 continue
             if self.current is not None and version == self.current.version:

@@ -25,7 +25,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -254,7 +254,7 @@ class ModelStore:
             names = [p.name for p in self.versions_dir.iterdir() if p.is_dir() and VERSION_NAME.match(p.name)]
         except FileNotFoundError:
             return []
-        return sorted(names)
+        return sorted(names, key=version_order)
 
     def read_manifest(self, version: str) -> Manifest:
         path = self._version_dir(version) / MANIFEST_FILE
@@ -283,8 +283,7 @@ class ModelStore:
 
         Damaged versions met on the way are passed to ``on_damaged`` (the store's writer
         quarantines them); incompatible ones (another feature schema) are skipped."""
-        candidates = sorted(self.versions(), key=lambda v: (v.endswith("-trained"), v), reverse=True)
-        for version in candidates:
+        for version in fallback_order(self.versions()):
             try:
                 return self.load(version)
             except CorruptArtifact as exc:
@@ -444,6 +443,19 @@ class ModelStore:
         if not VERSION_NAME.match(version):
             raise ArtifactError(f"bad version name {version!r}")
         return self.versions_dir / version
+
+
+def version_order(version: str) -> tuple[int, str]:
+    """Sort key of version names, oldest first: their sequence number, then the name. Names are
+    ``f"{sequence:06d}-{kind}"``: past 999,999 a name has seven digits, and string order would put
+    it before all the older ones (calibration versions, several a second, get there in days)."""
+    head = version.split("-", 1)[0]
+    return (int(head) if head.isdigit() else -1, version)
+
+
+def fallback_order(versions: Iterable[str]) -> list[str]:
+    """Versions to fall back on, best first: the trained ones newest first, then the others."""
+    return sorted(versions, key=lambda v: (v.endswith("-trained"), version_order(v)), reverse=True)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -152,8 +152,11 @@ def random_rows(n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
 
 class _StoreHandler(BaseHTTPRequestHandler):
     store: ModelStore
+    requested: list[str] | None
 
     def do_GET(self) -> None:
+        if self.requested is not None:
+            self.requested.append(self.path)
         parts = [unquote(p) for p in self.path.split("?")[0].strip("/").split("/")]
         body: bytes | None = None
         if parts == ["models", "current"]:
@@ -180,9 +183,10 @@ class _StoreHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve_store_over_http(root: Path) -> Iterator[str]:
-    """Serve the store at ``root`` on a loopback port; yields its base URL."""
-    handler = type("Handler", (_StoreHandler,), {"store": ModelStore(root)})
+def serve_store_over_http(root: Path, requested: list[str] | None = None) -> Iterator[str]:
+    """Serve the store at ``root`` on a loopback port; yields its base URL. Each GET's path is
+    appended to ``requested`` if given."""
+    handler = type("Handler", (_StoreHandler,), {"store": ModelStore(root), "requested": requested})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, name="store-http", daemon=True)
     thread.start()

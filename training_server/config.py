@@ -244,7 +244,10 @@ class TrainingSettings(ServiceSettings):
         "regime, the default) takes 0.02.",
     )
     calibration_publish_interval_s: float = Field(
-        default=1.0, ge=0, description="Least time between two published calibration versions."
+        default=0.25,
+        ge=0,
+        description="Least time between two published calibration versions (a replica's default poll "
+        "interval: offsets reach the replicas within about half a second of the samples that moved them).",
     )
     calibration_min_shift: float = Field(
         default=0.02,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
@@ -17,6 +19,7 @@ from prediction_server.predictor import BUILTIN_PRIOR_VERSION
 from prediction_server.store_watcher import STARTUP_STORE_BUDGET_S, StoreWatcher
 from shared.artifacts import Manifest, ModelStore
 from shared.metrics import new_registry
+from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from tests.prediction_support import (
     point_current,
     publish_corrupt,
@@ -157,6 +160,31 @@ async def test_pulls_and_verifies_versions_over_http(tmp_path: Path) -> None:
     # The verified version was cached; the corrupt one was not.
     assert ModelStore(cache).current_version() == first.version
     assert ModelStore(cache).versions() == [first.version]
+
+
+async def test_a_calibration_version_is_pulled_as_its_manifest_and_cached_as_links(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "store")
+    cache = ModelStore(tmp_path / "cache")
+    requested: list[str] = []
+    with serve_store_over_http(store.root, requested) as url:
+        watcher = _watcher(url, cache_dir=str(cache.root))
+        await watcher.start()
+        try:
+            trained = publish_trained(store, seed=1)
+            assert await watcher.check() is True and watcher.current.version == trained.version
+            offsets = RegimeOffsets.of(DEFAULT_SCHEME, np.full(DEFAULT_SCHEME.size, 0.1))
+            calibrated = store.publish_calibrated(trained.version, {"ttft": offsets}, {})
+            assert calibrated is not None
+            assert await watcher.check() is True and watcher.current.version == calibrated.version
+            assert watcher.current.forests is not None and watcher.current.manifest == calibrated
+        finally:
+            await watcher.stop()
+    downloads = [path for path in requested if path.endswith(".ubj")]
+    assert sorted(downloads) == [f"/models/versions/{trained.version}/{f}" for f in ("tpot.ubj", "ttft.ubj")]
+    assert cache.current_version() == calibrated.version and cache.load().manifest == calibrated
+    for spec in calibrated.models.values():
+        linked = os.stat(cache.versions_dir / calibrated.version / spec.file)
+        assert linked.st_ino == os.stat(cache.versions_dir / trained.version / spec.file).st_ino
 
 
 async def test_an_unreachable_http_store_serves_the_cached_version_else_the_prior(tmp_path: Path) -> None:

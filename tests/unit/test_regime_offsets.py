@@ -95,6 +95,26 @@ def test_calibration_versions_share_model_bytes_and_never_evict_trained_versions
     assert store.current_version() == current
 
 
+def test_versions_past_sequence_999999_stay_in_order_and_pruning_keeps_the_newest(tmp_path: Path) -> None:
+    # Several calibration versions a second reach sequence 1,000,000 in days; the seventh digit
+    # must not sort a new version before the old ones (pruning would then delete the newest).
+    store = ModelStore(tmp_path, keep_versions=1)
+    old = ["999998-calibrated", "999999-calibrated"]
+    for name in old:
+        (store.versions_dir / name).mkdir(parents=True)
+    trained = publish_trained(store, seed=1)
+    assert trained.sequence == 1_000_000
+    current = trained.version
+    for i in range(3):
+        published = store.publish_calibrated(current, {"ttft": _offsets(i, 0.01 * (i + 1))}, {})
+        assert published is not None
+        current = published.version
+    versions = store.versions()
+    assert versions == [trained.version, "1000002-calibrated", "1000003-calibrated"]
+    assert current == versions[-1] and store.load().manifest.version == current
+    assert store.newest_verified() is not None and store.newest_verified().manifest.version == trained.version
+
+
 async def test_watcher_swaps_offsets_without_recompiling_the_trees(tmp_path: Path) -> None:
     store = ModelStore(tmp_path / "store")
     trained = publish_trained(store, seed=1)
