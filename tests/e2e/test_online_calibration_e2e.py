@@ -117,9 +117,9 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
                 return m if offsets.offsets[DEFAULT_SCHEME.labels().index(SHIFTED)] > 0.3 else None
 
             version = wait_until(calibrated, "a calibration version with the shifted regime corrected", 10)
-            # Pacing, not observing: calibration versions are rate-limited to one a second and
-            # nothing tells that the last one is out; give it 1.5 s, then read what is current.
-            time.sleep(1.5)
+            # Pacing, not observing: calibration versions are rate-limited (one per 0.25 s) and
+            # nothing tells that the last one is out; give it a second, then read what is current.
+            time.sleep(1.0)
             version = Manifest.from_json(client.get(ts.url + "/models/current").content)
             assert version.kind == "calibrated"
             for name in ("ttft", "tpot"):
