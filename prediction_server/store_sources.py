@@ -126,7 +126,9 @@ class HttpSource:
         self._manifests: dict[str, Manifest] = {}
         self._etag: tuple[str, str] | None = None  # (ETag of the current manifest, its version)
         # The model files of the last version that passed verification, by SHA-256: a calibration
-        # version (new offsets, the same files) is then fetched as its manifest alone.
+        # version (new offsets, the same files) is then fetched as its manifest alone. Only a
+        # calibration version: any other one is downloaded whole, so a damaged copy of a served
+        # version (a truncated file under a new name) is refused, not rebuilt from our own bytes.
         self._verified: dict[str, bytes] = {}
 
     async def current_version(self) -> str | None:
@@ -172,10 +174,9 @@ class HttpSource:
         cached = await self._from_cache(manifest)
         if cached is not None:
             return cached
+        reusable = self._verified if manifest.kind == "calibrated" else {}
         files = {
-            name: self._verified[spec.sha256]
-            if spec.sha256 in self._verified
-            else await self._file(version, spec.file)
+            name: reusable[spec.sha256] if spec.sha256 in reusable else await self._file(version, spec.file)
             for name, spec in manifest.models.items()
         }
         return Fetched(manifest, files)
