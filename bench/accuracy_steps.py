@@ -11,6 +11,11 @@ samples, as in production.
   60 s, then back to 20.
 - ``prompts``: prompts of median 700 tokens, then of median 2,000 tokens (queues appear).
 - ``slow-pool``: every pod becomes 3x slower (a degraded pool) at the same request rate.
+
+Asked for by name only (``--scenarios``), not part of #9's evidence:
+
+- ``overload-twice``: the overload, 90 s back at 20 requests/s, then the same overload again, as a
+  production trace has several episodes (the window keeps the first one's samples in their strata).
 """
 
 from __future__ import annotations
@@ -96,17 +101,13 @@ def _describe(overrides: dict[str, Any]) -> str:
     return f"{overrides.get('rate_rps', BASE_RPS):g} req/s"
 
 
-def scenarios(warmup_s: float = 180.0, after_s: float = 150.0) -> list[Scenario]:
-    """The three scenarios: ``warmup_s`` of steady traffic, then the change(s), then ``after_s``."""
+def scenarios(warmup_s: float = 180.0, after_s: float = 150.0, *, extra: bool = False) -> list[Scenario]:
+    """The three scenarios: ``warmup_s`` of steady traffic, then the change(s), then ``after_s``;
+    with ``extra``, also those asked for by name only (``overload-twice``)."""
+    overload = ((60.0, {"rate_rps": 60.0, "burstiness": 0.0}), (after_s, {"rate_rps": BASE_RPS}))
+    twice = (*overload[:1], (90.0, {"rate_rps": BASE_RPS}), *overload)
     return [
-        Scenario(
-            "overload",
-            (
-                (warmup_s, {}),
-                (60.0, {"rate_rps": 60.0, "burstiness": 0.0}),
-                (after_s, {"rate_rps": BASE_RPS}),
-            ),
-        ),
+        Scenario("overload", ((warmup_s, {}), *overload)),
         Scenario("prompts", ((warmup_s, {}), (after_s, {"prompt_median_tokens": 2000.0}))),
         Scenario("slow-pool", ((warmup_s + after_s, {}),), slowdowns=((warmup_s, 3.0),)),
-    ]
+    ] + ([Scenario("overload-twice", ((warmup_s, {}), *twice))] if extra else [])

@@ -298,7 +298,9 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenarios", nargs="+", help="default: all of bench.accuracy_steps")
+    parser.add_argument(
+        "--scenarios", nargs="+", help="default: #9's three of bench.accuracy_steps (overload-twice by name)"
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s of the services")
     parser.add_argument("--pickup-s", type=float, default=0.2, help="wall s until replicas serve a version")
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.accuracy_steps import scenarios
 
     report: dict[str, Any] = {}
-    for scenario in scenarios():
+    for scenario in scenarios(extra=bool(args.scenarios)):
         if args.scenarios and scenario.name not in args.scenarios:
             continue
         for seed in args.seeds:

@@ -59,6 +59,22 @@ def test_scenarios_change_at_the_stated_times_with_time_ordered_unique_requests(
     assert all(pod.cfg.slowdown == 3.0 for pod in cluster.pods)
 
 
+def test_the_overload_twice_comes_only_by_name_and_repeats_the_overload() -> None:
+    assert [s.name for s in scenarios()] == ["overload", "prompts", "slow-pool"]
+    twice = scenarios(60.0, 30.0, extra=True)[-1]
+    assert twice.name == "overload-twice" and twice.duration_s == 60 + 60 + 90 + 60 + 30
+    assert [(name, at) for name, at, _ in twice.steps()] == [
+        ("60 req/s", 60.0),
+        ("20 req/s", 120.0),
+        ("60 req/s", 210.0),
+        ("20 req/s", 270.0),
+    ]
+    assert twice.phase(215) == "3: 60 req/s"
+    arrivals = np.array([r.arrival_s for r in twice.requests(seed=3)])
+    first, second = ((arrivals >= a) & (arrivals < a + 60) for a in (60, 210))
+    assert second.sum() > 0.8 * first.sum() and second.sum() > 2 * (arrivals < 60).sum()
+
+
 def _entries(n: int, rng: np.random.Generator) -> list[dict[str, float]]:
     tokens = rng.integers(10, 2000, n)
     return [
