@@ -244,12 +244,14 @@ class Trainer:
                 kv_scaled=s.baseline_kv_scale,
             )
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
-        booster = self._boost(name, train_x, target[train], weight, spec)
+        train_base = base_margin(train_x, spec)
+        booster = self._boost(name, train_x, target[train], weight, train_base)
         if cross:
-            margin_cal = self._cross_conformal(name, train_x, target[train], weight, spec)
+            margin_cal = self._cross_conformal(name, train_x, target[train], weight, train_base)
+            cal_base = train_base
         else:
             margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
-        cal_base = base_margin(features[cal], spec)
+            cal_base = base_margin(features[cal], spec)
         if s.objective == "quantile":
             cal_weight = _recency_weights(snap, cal, now_s, s.calibration_half_life_s)
             offset = evaluation.conformal_offset(target[cal] - cal_base - margin_cal, s.quantile, cal_weight)
@@ -286,15 +288,15 @@ class Trainer:
         return candidate
 
     def _boost(
-        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, spec: ModelSpec
+        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, base: np.ndarray
     ) -> xgb.Booster:
-        """Trees for ``name`` on rows ``x`` (log1p targets), around ``spec``'s baseline."""
+        """Trees for ``name`` on rows ``x`` (log1p targets), around the baseline's margin ``base``."""
         s = self.settings
         dtrain = xgb.QuantileDMatrix(
             x,
             label=target,
             weight=weight,
-            base_margin=base_margin(x, spec),
+            base_margin=base,
             max_bin=s.max_bin,
             nthread=s.training_threads,
         )
@@ -306,7 +308,7 @@ class Trainer:
         return booster
 
     def _cross_conformal(
-        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, spec: ModelSpec
+        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, base: np.ndarray
     ) -> np.ndarray:
         """The trees' margin on each row of ``x`` (time-ordered) from trees fitted without it.
 
@@ -325,7 +327,7 @@ class Trainer:
         for k in range(CROSS_FOLDS):
             inside = fold != k
             fold_weight = None if weight is None else weight[inside]
-            booster = self._boost(name, x[inside], target[inside], fold_weight, spec)
+            booster = self._boost(name, x[inside], target[inside], fold_weight, base[inside])
             margin[~inside] = booster.inplace_predict(x[~inside], predict_type="margin")
         return margin
 
