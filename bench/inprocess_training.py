@@ -96,10 +96,21 @@ class ServiceSchedule:
     run occupies the trainer for its wall time x ``speed``; its version, and each calibration
     version, serves ``pickup_s`` wall seconds after it exists. The caller ingests the samples and
     calls ``after_flush`` once per flush, and ``switch`` to learn which version the replicas serve.
+
+    With ``train_s``, every run occupies the trainer for that many wall seconds instead of its
+    measured time: the replay then no longer depends on how busy the machine was (when versions
+    land is the one thing that does), so two runs of the same code give the same figures, and a
+    difference between two variants is theirs, not the machine's.
     """
 
-    def __init__(self, training: InProcessTraining, speed: float = 1.0, pickup_s: float = 1.0) -> None:
-        self.training, self.speed, self.pickup_s = training, speed, pickup_s
+    def __init__(
+        self,
+        training: InProcessTraining,
+        speed: float = 1.0,
+        pickup_s: float = 1.0,
+        train_s: float | None = None,
+    ) -> None:
+        self.training, self.speed, self.pickup_s, self.train_s = training, speed, pickup_s, train_s
         self.new = 0
         self.busy_until_s = -1.0  # simulated
         self._last_start_wall = -math.inf
@@ -130,7 +141,7 @@ class ServiceSchedule:
         self.runs["train_s"] += took
         # The version exists from now on, but the service publishes it only once the run is over
         # (simulated: its duration x speed), and the replicas pick it up after that.
-        self.busy_until_s = t_s + took * self.speed
+        self.busy_until_s = t_s + (took if self.train_s is None else self.train_s) * self.speed
         if outcome.outcome == "published" and outcome.version is not None:
             self.runs["published"] += 1
             self._swaps.append((self.busy_until_s + self.pickup_s * self.speed, outcome.version))

@@ -86,7 +86,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     pending_events = sorted(scenario.events(), key=lambda e: e[0])
     with tempfile.TemporaryDirectory() as tmp:
         training = InProcessTraining(Path(tmp), args.quantile, **args.overrides)
-        schedule = ServiceSchedule(training, args.speed, args.pickup_s)
+        schedule = ServiceSchedule(training, args.speed, args.pickup_s, args.train_s)
         predictor = training.predictor()
         arrivals: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush
         asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
@@ -304,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s of the services")
     parser.add_argument("--pickup-s", type=float, default=0.2, help="wall s until replicas serve a version")
+    parser.add_argument(
+        "--train-s",
+        type=float,
+        help="wall s every retrain takes (default: as measured; fixed, two runs give the same figures)",
+    )
     parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
     parser.add_argument(

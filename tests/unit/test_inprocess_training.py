@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.inprocess_training import InProcessTraining
+from bench.inprocess_training import InProcessTraining, ServiceSchedule
 from training_server import synthetic
 
 
@@ -21,3 +21,18 @@ def test_a_retrain_ages_out_samples_older_than_max_age_first(tmp_path: Path) -> 
     assert training.window.size == 700
     training.retrain(now_s)
     assert training.window.size == 300
+
+
+def test_a_fixed_run_time_makes_when_a_version_serves_independent_of_the_machine(tmp_path: Path) -> None:
+    # With ``train_s`` a run occupies the trainer for that long whatever it measured, so a replay's
+    # figures do not depend on how busy the machine was; two variants compared this way differ by
+    # their code only.
+    training = InProcessTraining(tmp_path, 0.9, live_scoring=False, min_new_samples=200)
+    schedule = ServiceSchedule(training, speed=5.0, pickup_s=0.2, train_s=0.4)
+    rng = np.random.default_rng(0)
+    training.ingest(synthetic.samples(400, rng), np.full(400, 1.7e9))
+    schedule.after_flush(10.0, 400, 1.7e9)
+    assert schedule.runs["published"] == 1
+    assert schedule.busy_until_s == 10.0 + 0.4 * 5.0
+    assert schedule.switch(10.0 + 0.4 * 5.0 + 0.2 * 5.0 - 0.01) is None  # not before run + pickup
+    assert schedule.switch(10.0 + 0.4 * 5.0 + 0.2 * 5.0) is not None
