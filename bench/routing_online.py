@@ -60,9 +60,9 @@ SLO = (("one", 1.0, 2000.0, 100.0),)
 class OnlineModel:
     """A training server learning from completions while a policy routes (see the module docstring)."""
 
-    def __init__(self, directory: Path, pickup_s: float) -> None:
+    def __init__(self, directory: Path, pickup_s: float, train_s: float | None = None) -> None:
         self.training = InProcessTraining(directory, 0.9)
-        self.schedule = ServiceSchedule(self.training, speed=1.0, pickup_s=pickup_s)
+        self.schedule = ServiceSchedule(self.training, speed=1.0, pickup_s=pickup_s, train_s=train_s)
         self.predictor = self.training.predictor()
         self.buffer: list[dict[str, Any]] = []
         self.next_flush_s = 1.0
@@ -113,7 +113,7 @@ def run_one(job: tuple[str, int, dict[str, Any], dict[str, dict[str, Any]]]) -> 
     done: list[Completion] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="routing-online-") as tmp:
-        model = OnlineModel(Path(tmp), cfg["pickup_s"]) if policy.uses_predictions else None
+        model = OnlineModel(Path(tmp), cfg["pickup_s"], cfg["train_s"]) if policy.uses_predictions else None
 
         def arrival(t_s: float) -> None:
             clock.now_s = t_s
@@ -196,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rps", type=float, default=24.0, help="mean arrival rate (6 pods: near saturation)")
     parser.add_argument("--pods", type=int, default=6)
     parser.add_argument("--pickup-s", type=float, default=1.0, help="simulated s until a version serves")
+    parser.add_argument(
+        "--train-s", type=float, help="s every retrain takes (default: as measured; fixed, runs repeat exactly)"
+    )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--variant", type=_variant, action="append", default=[], help="NAME=JSON, repeatable")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
@@ -203,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     variants = dict(args.variant)
     names = [*HEURISTICS, RECOMMENDED, *variants]
     cfg = {"requests": args.requests, "warm": args.warm, "rps": args.rps, "pods": args.pods}
-    cfg["pickup_s"] = args.pickup_s
+    cfg["pickup_s"], cfg["train_s"] = args.pickup_s, args.train_s
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     jobs = [(name, seed, cfg, variants) for name in names for seed in seeds]
     started = time.perf_counter()

@@ -18,7 +18,9 @@ measured duration x speed later (plus ``--pickup-s`` wall seconds, the replicas'
 live scorer takes it as current at once (a simplification: samples routed during the run are
 scored against it). ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field. The trainer's
 run is measured here, on an otherwise idle process: a busier machine would make every model
-staler than this.
+staler than this. Its measured time is the one thing a replay's figures depend on besides the
+code and the seeds; ``--train-s SECONDS`` fixes it (0.4 is about the measured mean), so two runs
+give the same figures and a variant's difference from main is its own, not the machine's.
 
 Reported per scenario, seed and model, from the same summaries and checks as the evidence
 (``bench.accuracy_targets``): coverage overall, queued coverage, coverage per queue depth (waiting

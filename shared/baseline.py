@@ -14,8 +14,9 @@ training, evaluation and serving all call it, through ``shared.artifacts.served_
 A ``"piecewise-linear"`` baseline also has ``upper``, a bound per term that caps its feature
 before it is weighted; a feature may appear more than once, capped at different bounds, so the
 baseline can be concave: its slope falls at each bound it passes (TPOT's decode step saturates;
-``training_server.baseline_fit`` decides when). Its own kind makes a prediction server that
-predates it refuse the version rather than misread it.
+``training_server.baseline_fit`` decides when), or flat beyond a bound (TPOT's prefill in flight,
+of which a step processes at most its budget, beyond the largest its fit rows saw). Its own kind
+makes a prediction server that predates it refuse the version rather than misread it.
 
 A ``"scaled-piecewise-linear"`` baseline also has ``scale_features`` and ``scale_from``: a term
 whose scale feature is not ``null`` is multiplied by ``max(scale_feature - scale_from, 0)``, so

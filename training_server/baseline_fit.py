@@ -35,6 +35,20 @@ overload beyond the range is extrapolated as growing, the side that errs towards
 The guard then scores the candidate on the same held-out samples, with one of two baselines
 picked on them: a small optimism its tolerance for equal models absorbs.
 
+Some work costs a decode step at most a budget's worth, however much of it is queued: a step
+prefills at most its token budget (vLLM's ``max_num_batched_tokens``, with chunked prefill), and
+a request waiting behind a full KV cache is not prefilled at all. So TPOT grows with the prefill
+in flight only up to some amount, while ``prefill_tokens_in_flight`` counts every waiting prompt in
+full, and a line through it extrapolated a deep queue's prefill into a TPOT several times what
+those requests saw (the simulator over HTTP, prompts seed 2: at 32 or more waiting, TPOT's
+pinball 5.6 ms against the naive baseline's 1.1 ms; covered 0.956). A ``BOUNDED`` feature's term
+is therefore capped at the largest value of its fit rows: linear wherever samples have shown it,
+flat beyond (as the trees are), in every baseline of that model; a fit with no such work at all
+leaves it uncapped, slope 0. Measured in process (``bench/sim_calibration_replay.py --seeds 0 1 2
+3 --train-s 0.4``, both feedback protocols): TPOT's pinball lower on 22 of 24 replays and equal
+on 2 (prompts seed 2: 3.25 -> 1.38 ms), its coverage within 0.7 points, TTFT unchanged, targets
+met 34 -> 34 and 48 -> 47; on the H200 traces bimodal's TPOT pinball 0.53 -> 0.46 ms.
+
 TTFT's work ahead costs more once the KV cache is nearly full: the queue then waits for running
 requests to finish and free their cache, not only for prefill compute. In the simulator's step
 scenarios, a request behind 16 or more waiting requests (the cache 0.98 full) waited 53-177 ms
@@ -65,6 +79,9 @@ from training_server.evaluation import compare_paired, pinball_loss
 
 FIT_ROWS = 10_000
 IRLS_STEPS = 30
+# Work a decode step processes at most a budget of (see the module docstring), per model: its
+# term is capped at the largest value of the fit rows.
+BOUNDED: dict[str, frozenset[str]] = {"tpot": frozenset({"prefill_tokens_in_flight"})}
 # Models whose latency may stop growing with the work (a memory-bound decode step: TPOT). TTFT
 # waits for the work queued ahead of it, which adds up without bound: its baseline stays linear.
 SATURATING = frozenset({"tpot"})
@@ -171,7 +188,7 @@ def _fit(
     scaled from each of ``kv_knees``; or, with ``knees`` (levels x work features), the concave one:
     each feature enters once as it is and once capped at each of its (positive, distinct) knees,
     every slope non-negative, so the slope falls at each knee it passes, to 0 where the latency
-    saturates."""
+    saturates. A ``BOUNDED`` feature's own term is capped at its largest value on these rows."""
     names = WORK_FEATURES[model]
     x = features[:, [FEATURE_NAMES.index(name) for name in names]].astype(np.float64)
     # Relative pinball loss: each row weighs 1 / latency, so the slopes fit the typical request
@@ -182,9 +199,16 @@ def _fit(
         if knees is not None
         else []
     )
-    columns = [np.minimum(x[:, j], k) for j, k in capped] + list(x.T)
+    # A BOUNDED feature's own term stops at the largest value of these rows (none: uncapped).
+    bounds = [
+        float(np.float32(x[:, j].max())) if name in BOUNDED.get(model, ()) and x[:, j].max() > 0 else _NO_CAP
+        for j, name in enumerate(names)
+    ]
+    columns = [np.minimum(x[:, j], k) for j, k in capped] + [
+        np.minimum(x[:, j], b) for j, b in enumerate(bounds)
+    ]
     terms: list[tuple[str, float, str | None, float]] = [(names[j], k, None, 0.0) for j, k in capped]
-    terms += [(name, _NO_CAP, None, 0.0) for name in names]
+    terms += [(name, bound, None, 0.0) for name, bound in zip(names, bounds, strict=True)]
     if kv_knees:
         scaled_work = KV_SCALED[model]
         work = features[:, FEATURE_NAMES.index(scaled_work)].astype(np.float64)
@@ -192,7 +216,7 @@ def _fit(
         columns += [work * np.maximum(kv - knee, 0.0) for knee in kv_knees]
         terms += [(scaled_work, _NO_CAP, KV_FEATURE, knee) for knee in kv_knees]
     intercept, slopes = quantile_regression_nonneg(np.column_stack(columns), y, quantile, relative)
-    kind = SCALED_KIND if kv_knees else PIECEWISE_KIND if capped else BASELINE_KIND
+    kind = SCALED_KIND if kv_knees else PIECEWISE_KIND if capped or min(bounds) < _NO_CAP else BASELINE_KIND
     baseline: dict[str, Any] = {
         "kind": kind,
         "features": [name for name, _, _, _ in terms],

@@ -57,7 +57,7 @@ from shared.artifacts import (
     sha256_hex,
     to_margin_target,
 )
-from shared.baseline import PIECEWISE_KIND, SCALED_KIND
+from shared.baseline import SCALED_KIND
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.logging import log_event
@@ -491,8 +491,12 @@ def _summary(c: _Candidate) -> dict[str, Any]:
 
 
 def _baseline_form(baseline: dict[str, Any] | None) -> str | None:
-    """How a candidate's baseline goes on beyond its trained range: "linear", "bent" (it saturates),
-    "kv-scaled" (it grows faster once the KV cache is full)."""
+    """How a candidate's baseline goes on beyond its trained range: "linear", "bent" (it saturates:
+    a feature enters more than once, capped at knees), "kv-scaled" (it grows faster once the KV
+    cache is full). A linear baseline whose ``BOUNDED`` work is capped at its fit range is linear."""
     if baseline is None:
         return None
-    return {PIECEWISE_KIND: "bent", SCALED_KIND: "kv-scaled"}.get(baseline["kind"], "linear")
+    if baseline["kind"] == SCALED_KIND:
+        return "kv-scaled"
+    features = baseline["features"]
+    return "bent" if len(set(features)) < len(features) else "linear"

@@ -378,3 +378,39 @@ def test_a_kv_term_is_fitted_only_where_enough_rows_support_it() -> None:
     full[:, work] *= 2.0
     ratio = baseline_ms(full, baseline) / truth(full)
     assert float(np.max(ratio)) < 3.0, float(np.max(ratio))
+
+
+def test_tpots_prefill_term_stays_flat_beyond_the_prefill_its_rows_saw() -> None:
+    """A decode step prefills at most its token budget, so TPOT stops growing with the prefill in
+    flight, which counts every waiting prompt in full: TPOT's baseline is linear in it up to the
+    largest value its fit rows saw and flat beyond, and still grows with the running requests
+    beyond theirs. TTFT waits for all the queued prefill: its baseline keeps growing with it."""
+    rng = np.random.default_rng(7)
+    features = build_features(synthetic.pod_states(4_000, rng))
+    running, prefill = (FEATURE_NAMES.index(f) for f in ("num_request_running", "prefill_tokens_in_flight"))
+    features[:, running] = rng.integers(1, 40, len(features))
+    features[:, prefill] = rng.uniform(0.0, 8_000.0, len(features))
+    tpot = (10.0 + 0.3 * features[:, running] + 0.002 * features[:, prefill]) * rng.lognormal(
+        0.0, 0.05, len(features)
+    )
+    baseline = fit_baseline("tpot", features, tpot, QUANTILE, bend=False, kv_scaled=False)
+    assert baseline is not None and baseline["kind"] == PIECEWISE_KIND
+    row = features[:1].copy()
+    row[0, running] = 20.0
+
+    def at(prefill_tokens: float, running_requests: float = 20.0) -> float:
+        probe = row.copy()
+        probe[0, prefill], probe[0, running] = prefill_tokens, running_requests
+        return float(baseline_ms(probe, baseline)[0])
+
+    assert at(4_000.0) < at(8_000.0)  # linear where the rows showed it
+    assert at(80_000.0) == pytest.approx(at(float(features[:, prefill].max())), rel=1e-6)  # flat beyond
+    assert at(80_000.0) < 1.2 * at(8_000.0)
+    assert at(8_000.0, 400.0) > 3.0 * at(8_000.0, 40.0)  # the decode work keeps extrapolating
+    ttft = 20.0 + 0.05 * features[:, prefill] * rng.lognormal(0.0, 0.05, len(features))
+    ttft_baseline = fit_baseline("ttft", features, ttft, QUANTILE, bend=False, kv_scaled=False)
+    assert ttft_baseline is not None
+    probe = features[:1].copy()
+    far, near = probe.copy(), probe.copy()
+    far[0, prefill], near[0, prefill] = 80_000.0, 8_000.0
+    assert baseline_ms(far, ttft_baseline)[0] > 5.0 * baseline_ms(near, ttft_baseline)[0]

@@ -30,7 +30,7 @@ def test_run_policy_calls_the_arrival_hook_in_time_order_and_applies_the_slo_cla
 
 
 def test_the_recommended_policy_routes_on_versions_trained_while_it_routes() -> None:
-    cfg = {"requests": 1500, "warm": 500, "rps": 20.0, "pods": 3, "pickup_s": 1.0}
+    cfg = {"requests": 1500, "warm": 500, "rps": 20.0, "pods": 3, "pickup_s": 1.0, "train_s": 0.3}
     out = run_one(("recommended", 5, cfg, {}))
     assert out["arrivals"] == 1500
     assert out["retrains"] >= 2 and out["published"] >= 1
