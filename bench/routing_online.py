@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pods", type=int, default=6)
     parser.add_argument("--pickup-s", type=float, default=1.0, help="simulated s until a version serves")
     parser.add_argument(
-        "--train-s", type=float, help="s every retrain takes (default: as measured; fixed, runs repeat exactly)"
+        "--train-s", type=float, help="s every retrain takes (default: as measured; fixed: runs repeat)"
     )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--variant", type=_variant, action="append", default=[], help="NAME=JSON, repeatable")
