@@ -45,9 +45,9 @@ pinball 5.6 ms against the naive baseline's 1.1 ms; covered 0.956). A ``BOUNDED`
 is therefore capped at the largest value of its fit rows: linear wherever samples have shown it,
 flat beyond (as the trees are), in every baseline of that model; a fit with no such work at all
 leaves it uncapped, slope 0. Measured in process (``bench/sim_calibration_replay.py --seeds 0 1 2
-3 --train-s 0.4``, both feedback protocols): TPOT's pinball lower on 22 of 24 replays and equal
-on 2 (prompts seed 2: 3.25 -> 1.38 ms), its coverage within 0.7 points, TTFT unchanged, targets
-met 34 -> 34 and 48 -> 47; on the H200 traces bimodal's TPOT pinball 0.53 -> 0.46 ms.
+3 --train-s 0.4``, both feedback protocols): TPOT's pinball lower on all 24 replays (prompts
+seed 2: 3.25 -> 1.38 ms), its coverage within 0.74 points, TTFT unchanged, targets met 34 -> 34
+and 48 -> 48; on the H200 traces bimodal's TPOT pinball 0.53 -> 0.46 ms.
 
 TTFT's work ahead costs more once the KV cache is nearly full: the queue then waits for running
 requests to finish and free their cache, not only for prefill compute. In the simulator's step
