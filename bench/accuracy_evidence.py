@@ -40,7 +40,7 @@ from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline  # noqa: E402
 from bench.accuracy_plot import reliability_grid, step_timelines  # noqa: E402
 from bench.accuracy_replay import ReplayConfig, ReplayResult, replay_stream  # noqa: E402
-from bench.accuracy_steps import Scenario, scenarios  # noqa: E402
+from bench.accuracy_steps import Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, judge, summarise_stream  # noqa: E402
 from bench.accuracy_trace import DEFAULT_DIR, TRACES, TraceResult, load_trace, replay_trace  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
@@ -227,10 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     args.sim_speed = args.sim_speed or (10.0 if args.quick else 5.0)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1])
     args.traces = [t for t in args.traces if t]
-    extra = bool(args.scenarios)  # a scenario asked for by name may be one of the extra ones
-    chosen = scenarios(120.0, 90.0, extra=extra) if args.quick else scenarios(extra=extra)
-    if args.scenarios is not None:
-        chosen = [s for s in chosen if s.name in args.scenarios]
+    chosen = selected(args.scenarios, 120.0, 90.0) if args.quick else selected(args.scenarios)
     command = ".venv/bin/python bench/accuracy_evidence.py " + shlex.join(
         sys.argv[1:] if argv is None else argv
     )

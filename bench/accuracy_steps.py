@@ -111,3 +111,15 @@ def scenarios(warmup_s: float = 180.0, after_s: float = 150.0, *, extra: bool = 
         Scenario("prompts", ((warmup_s, {}), (after_s, {"prompt_median_tokens": 2000.0}))),
         Scenario("slow-pool", ((warmup_s + after_s, {}),), slowdowns=((warmup_s, 3.0),)),
     ] + ([Scenario("overload-twice", ((warmup_s, {}), *twice))] if extra else [])
+
+
+def selected(names: list[str] | None, warmup_s: float = 180.0, after_s: float = 150.0) -> list[Scenario]:
+    """The scenarios a harness runs: #9's three when ``names`` is ``None``, else those named (also
+    the ones asked for by name only), in ``scenarios``' order; an unknown name is an error."""
+    if names is None:
+        return scenarios(warmup_s, after_s)
+    every = scenarios(warmup_s, after_s, extra=True)
+    unknown = set(names) - {s.name for s in every}
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {sorted(unknown)}; known: {[s.name for s in every]}")
+    return [s for s in every if s.name in names]

@@ -324,12 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser, "calibration_step_ttft=0.1")
     args = parser.parse_args(argv)
     args.overrides = use_services(args)  # nothing of the services is imported before this
-    from bench.accuracy_steps import scenarios
+    from bench.accuracy_steps import selected
 
     report: dict[str, Any] = {}
-    for scenario in scenarios(extra=bool(args.scenarios)):
-        if args.scenarios and scenario.name not in args.scenarios:
-            continue
+    for scenario in selected(args.scenarios):
         for seed in args.seeds:
             name = f"{scenario.name} seed {seed}"
             r = report[name] = replay(scenario, seed, args)

@@ -200,8 +200,9 @@ def _fit(
         else []
     )
     # A BOUNDED feature's own term stops at the largest value of these rows (none: uncapped).
+    top = x.max(axis=0, initial=0.0)
     bounds = [
-        float(np.float32(x[:, j].max())) if name in BOUNDED.get(model, ()) and x[:, j].max() > 0 else _NO_CAP
+        float(np.float32(top[j])) if name in BOUNDED.get(model, ()) and top[j] > 0 else _NO_CAP
         for j, name in enumerate(names)
     ]
     columns = [np.minimum(x[:, j], k) for j, k in capped] + [
@@ -216,7 +217,8 @@ def _fit(
         columns += [work * np.maximum(kv - knee, 0.0) for knee in kv_knees]
         terms += [(scaled_work, _NO_CAP, KV_FEATURE, knee) for knee in kv_knees]
     intercept, slopes = quantile_regression_nonneg(np.column_stack(columns), y, quantile, relative)
-    kind = SCALED_KIND if kv_knees else PIECEWISE_KIND if capped or min(bounds) < _NO_CAP else BASELINE_KIND
+    bounded = any(cap < _NO_CAP for _, cap, _, _ in terms)
+    kind = SCALED_KIND if kv_knees else PIECEWISE_KIND if bounded else BASELINE_KIND
     baseline: dict[str, Any] = {
         "kind": kind,
         "features": [name for name, _, _, _ in terms],
@@ -230,6 +232,18 @@ def _fit(
         baseline["scale_features"] = [scale for _, _, scale, _ in terms]
         baseline["scale_from"] = [knee for _, _, _, knee in terms]
     return baseline
+
+
+def baseline_form(baseline: dict[str, Any] | None) -> str | None:
+    """How a fitted baseline goes on beyond its fit range: "linear", "bent" (it saturates: a feature
+    enters more than once, capped at knees), "kv-scaled" (it grows faster once the KV cache is
+    full). A linear baseline whose ``BOUNDED`` work is capped at its fit range is linear."""
+    if baseline is None:
+        return None
+    if baseline["kind"] == SCALED_KIND:
+        return "kv-scaled"
+    features = baseline["features"]
+    return "bent" if len(set(features)) < len(features) else "linear"
 
 
 def _relative_losses(

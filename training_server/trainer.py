@@ -57,14 +57,13 @@ from shared.artifacts import (
     sha256_hex,
     to_margin_target,
 )
-from shared.baseline import SCALED_KIND
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
 from shared.logging import log_event
 from shared.prior import build_prior_models
 from shared.regimes import RegimeOffsets
 from training_server import evaluation
-from training_server.baseline_fit import fit_baseline
+from training_server.baseline_fit import baseline_form, fit_baseline
 from training_server.config import TrainingSettings
 from training_server.window import StratifiedWindow, WindowSnapshot
 
@@ -486,17 +485,5 @@ def _summary(c: _Candidate) -> dict[str, Any]:
         "samples": c.samples,
         "candidate": c.metrics["overall"] if c.metrics else None,
         "current": c.current_metrics["overall"] if c.current_metrics else None,
-        "baseline": _baseline_form(c.baseline),
+        "baseline": baseline_form(c.baseline),
     }
-
-
-def _baseline_form(baseline: dict[str, Any] | None) -> str | None:
-    """How a candidate's baseline goes on beyond its trained range: "linear", "bent" (it saturates:
-    a feature enters more than once, capped at knees), "kv-scaled" (it grows faster once the KV
-    cache is full). A linear baseline whose ``BOUNDED`` work is capped at its fit range is linear."""
-    if baseline is None:
-        return None
-    if baseline["kind"] == SCALED_KIND:
-        return "kv-scaled"
-    features = baseline["features"]
-    return "bent" if len(set(features)) < len(features) else "linear"

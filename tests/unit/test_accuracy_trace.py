@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bench.accuracy_naive import SlidingWindowBaseline
-from bench.accuracy_steps import scenarios
+from bench.accuracy_steps import scenarios, selected
 from bench.accuracy_trace import recover_stages, trace_times
 
 RATES = [1.0, 2.0, 4.0, 8.0, 16.0]
@@ -105,3 +105,11 @@ def test_naive_baseline_answers_nothing_before_its_first_fit_then_a_p90_per_row(
     tokens = np.array([r["input_token_length"] for r in rows], float)
     ratio = guess["ttft"] / tokens  # actual is tokens * U(1, 1.2): its p90 is tokens * 1.18
     assert 1.1 < float(np.median(ratio)) < 1.25
+
+
+def test_a_harness_runs_the_three_by_default_those_named_otherwise_and_refuses_an_unknown_name() -> None:
+    assert [s.name for s in selected(None)] == ["overload", "prompts", "slow-pool"]
+    assert [s.name for s in selected(["overload-twice", "prompts"])] == ["prompts", "overload-twice"]
+    assert selected([]) == []  # the traces alone
+    with pytest.raises(SystemExit, match="overlaod"):
+        selected(["overlaod"])
