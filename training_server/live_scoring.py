@@ -121,6 +121,9 @@ class LiveScorer:
         self._calibrated_models = () if s.calibrate_online == "off" else tuple(s.calibrate_online.split("+"))
         self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
         self._last_publish_mono = -float("inf")
+        # Whether every offset move the calibrator holds is in a published version (nothing waits
+        # for the rate limit); false from each scored batch until ``maybe_publish`` finds so.
+        self.calibration_settled = True
         self.scored = 0
         self.skipped = 0
         self.calibration_versions = 0
@@ -230,6 +233,7 @@ class LiveScorer:
             for event in events:
                 self._drifted(event)
             self._calibrate(name, current, feats, act, timestamps[rows], margins)
+        self.calibration_settled = False
         self._export()
 
     def _served(
@@ -356,6 +360,7 @@ class LiveScorer:
         with self._calibrating:
             new, moved = self.calibrator.proposal(current)
         if not new or moved < max(s.calibration_min_shift, 1e-9):
+            self.calibration_settled = True
             return None
         self._last_publish_mono = time.monotonic()
         base_info = current.metrics.get("online_calibration", {})
@@ -374,6 +379,7 @@ class LiveScorer:
         self.calibration_versions += 1
         self.metrics.calibration_publishes.inc()
         self.set_current(manifest)
+        self.calibration_settled = True
         log_event(
             log,
             "calibration_published",
@@ -420,6 +426,8 @@ class LiveScorer:
             "skipped_samples": self.skipped,
             "pending_samples": self._pending,
             "calibration_versions": self.calibration_versions,
+            # every offset move scored so far is in a published version (none waits for the interval)
+            "calibration_settled": self.calibration_settled,
             "regime_scheme": {"waiting_edges": self.scheme.waiting_edges, "kv_edges": self.scheme.kv_edges},
             "regimes": models,
             # per model: the online calibration's trend term, log-latency units per posted batch

@@ -5,7 +5,6 @@ only that regime's predictions. And a drift event retrains at once."""
 
 from __future__ import annotations
 
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -117,9 +116,8 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
                 return m if offsets.offsets[DEFAULT_SCHEME.labels().index(SHIFTED)] > 0.3 else None
 
             version = wait_until(calibrated, "a calibration version with the shifted regime corrected", 10)
-            # Pacing, not observing: calibration versions are rate-limited (one per 0.25 s) and
-            # nothing tells that the last one is out; give it a second, then read what is current.
-            time.sleep(1.0)
+            # calibration versions are rate-limited: wait until the last offsets scored are out
+            wait_until(lambda: client.get(ts.url + "/status").json()["live"]["calibration_settled"], "S", 10)
             version = Manifest.from_json(client.get(ts.url + "/models/current").content)
             assert version.kind == "calibrated"
             for name in ("ttft", "tpot"):

@@ -56,8 +56,10 @@ def _batch(rng: np.random.Generator, n: int, shift: bool) -> tuple[dict[str, np.
     return columns, np.full(n, time.time() + 60.0)
 
 
-def _trained_scorer(tmp_path: Path, events: list[DriftEvent]) -> tuple[LiveScorer, ModelStore]:
-    settings = _settings(tmp_path)
+def _trained_scorer(
+    tmp_path: Path, events: list[DriftEvent], **overrides: Any
+) -> tuple[LiveScorer, ModelStore]:
+    settings = _settings(tmp_path, **overrides)
     store = ModelStore(tmp_path / "models", keep_versions=3)
     window = StratifiedWindow(settings.stratum_cap, settings.max_age_s)
     columns = synthetic.samples(20_000, np.random.default_rng(1))
@@ -149,3 +151,23 @@ def test_submit_skips_batches_beyond_the_pending_bound_instead_of_queueing(tmp_p
     accepted = [scorer.submit(*_batch(np.random.default_rng(i), 1000, False)) for i in range(4)]
     assert accepted == [True, True, False, False]
     assert scorer.skipped == 2000 and scorer.status()["pending_samples"] == 2000
+
+
+def test_status_says_when_moved_offsets_still_wait_for_the_publish_interval(tmp_path: Path) -> None:
+    scorer, store = _trained_scorer(tmp_path, [], calibration_publish_interval_s=1.0)
+    rng = np.random.default_rng(4)
+    assert scorer.status()["calibration_settled"]
+    _feed(scorer, rng, 1, shift=True)  # the first move goes out at once
+    first = store.current_version()
+    assert scorer.status()["calibration_settled"] and scorer.calibration_versions == 1
+    _feed(scorer, rng, 3, shift=True)  # ...the next ones wait for the interval
+    assert not scorer.status()["calibration_settled"] and store.current_version() == first
+    deadline = time.monotonic() + 10.0
+    while not scorer.status()["calibration_settled"]:  # what the scoring thread does when idle
+        assert time.monotonic() < deadline, "the held offsets never went out"
+        scorer.maybe_publish()
+        time.sleep(0.02)
+    assert store.current_version() != first and scorer.calibration_versions == 2
+    current = store.read_manifest(store.current_version() or "")
+    _, moved = scorer.calibrator.proposal(current)
+    assert moved < scorer.settings.calibration_min_shift
