@@ -18,7 +18,7 @@ bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~85 
 	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/model_load.py
 	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/tree_eval.py
 	OMP_NUM_THREADS=1 $(PY) bench/coalescer_load.py --no-pin --out docs/benchmarks-coalescer.md
-	OMP_NUM_THREADS=1 $(PY) bench/accuracy_report.py --seeds 0 1 2 --duration-s 900 --out docs/benchmarks-accuracy.md --plot docs/accuracy-calibration.png
+	OMP_NUM_THREADS=1 $(PY) bench/accuracy_report.py --seeds 0 1 2 --duration-s 900 --out docs/accuracy-history.md --plot docs/accuracy-calibration.png
 	OMP_NUM_THREADS=1 $(PY) bench/accuracy_evidence.py --out docs/benchmarks-accuracy.md
 	OMP_NUM_THREADS=1 $(PY) -m bench.routing_compare
 	for rps in 14 17 20 24; do OMP_NUM_THREADS=1 $(PY) -m bench.routing_online --rps $$rps; done

@@ -11,7 +11,7 @@ excluded. Each seed is a separate run with fresh servers; the table gives each r
 the strata, bins and figure pool the runs.
 
     .venv/bin/python bench/accuracy_report.py --seeds 0 1 2 \
-        --out docs/benchmarks-accuracy.md --plot docs/accuracy-calibration.png
+        --out docs/accuracy-history.md --plot docs/accuracy-calibration.png
 """
 
 from __future__ import annotations

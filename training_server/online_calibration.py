@@ -81,7 +81,7 @@ simulator's step scenarios x two seeds under completion and arrival feedback): a
 burst into a full KV cache the deep regimes' offsets went from +0.4..+0.7 to -0.2..-0.3 at the
 next retrain, so the next, deeper burst was covered 0.05-0.4; with the shortfall judged, the
 queued requests' TTFT coverage of prompts seed 1 went 0.62 -> 0.88 (arrival feedback) and 0.77 ->
-0.90 (completion), overload seed 1's 0.78-0.86 -> 0.87-0.91 (docs/benchmarks-accuracy.md, "A
+0.90 (completion), overload seed 1's 0.78-0.86 -> 0.87-0.91 (docs/accuracy-history.md, "A
 regime whose offset was still short at a retrain"). Trees that replace the prior start from their
 own calibration (every offset 0: what the prior's offsets corrected was the prior's guess, not
 theirs). Nothing else is reset, so a retrain every second does not throw away what the trackers

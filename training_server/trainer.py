@@ -464,7 +464,7 @@ def min_leaf_samples(objective: str, quantile: float) -> int:
 
     A quantile leaf's value is the q-quantile of its samples' residuals, so it needs
     ``MIN_TAIL_SAMPLES`` samples beyond that quantile: 50 for p90 instead of a flat 5, which let
-    p90 leaves follow single samples (docs/benchmarks-accuracy.md: lower pinball loss for both
+    p90 leaves follow single samples (docs/accuracy-history.md: lower pinball loss for both
     models on the simulator).
     """
     if objective != "quantile":

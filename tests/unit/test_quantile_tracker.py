@@ -117,7 +117,7 @@ def test_a_queue_bin_seen_only_in_bursts_follows_a_change_seen_where_samples_are
     # The queue bin followed most of the change before any of its own samples arrived. Without the
     # shared part's trend term it followed 0.95-1.06 of the 1.1 on these seeds; with it 0.69-0.81:
     # the trend's overshoot and its correction leave more of the change in waiting=0's own part
-    # (a known cost, docs/benchmarks-accuracy.md, "A trend term on the shared offset").
+    # (a known cost, docs/accuracy-history.md, "A trend term on the shared offset").
     assert cal.offsets("ttft")[_regime(8)] - burst_offset > 0.6, cal.offsets("ttft")
     # ...so the next burst is mostly covered from its first batch, not after it.
     assert _feed(cal, rng, 1, {0: 1.1, 8: 1.1})[0] > 0.7
