@@ -24,11 +24,14 @@ give the same figures and a variant's difference from main is its own, not the m
 
 Reported per scenario, seed and model, from the same summaries and checks as the evidence
 (``bench.accuracy_targets``): coverage overall, queued coverage, coverage per queue depth (waiting
-bins), coverage per stage, recovery after each step, pinball, targets met (without the pinball ratios:
-no naive baseline runs here). ``--timeline`` adds coverage per 10 s; ``--decompose SECONDS`` adds, per
-that many simulated seconds, where the served margin came from: the medians of log1p(actual), of the
-work-ahead baseline, the trees, the trainer's calibration offset and the regime offset, and of what
-is left, with the pods' state (a miss at a burst's onset shows as a positive residual).
+bins), coverage per stage, recovery after each step, pinball, targets met. The pinball ratios are
+judged only with ``--naive``, which runs the evidence's naive sliding-window baseline
+(``bench.accuracy_naive``) on the same stream: each request predicted by the fit that served when it
+was routed, each flush learnt after the services got it. ``--timeline`` adds coverage per 10 s;
+``--decompose SECONDS`` adds, per that many simulated seconds, where the served margin came from:
+the medians of log1p(actual), of the work-ahead baseline, the trees, the trainer's calibration
+offset and the regime offset, and of what is left, with the pods' state (a miss at a burst's onset
+shows as a positive residual).
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_calibration_replay.py [--code CHECKOUT]
 """
@@ -70,6 +73,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
 
     import training_server.live_scoring as live_scoring
     from bench.accuracy_evidence import sim_streams
+    from bench.accuracy_naive import SlidingWindowBaseline
     from bench.accuracy_replay import ReplayConfig, ReplayResult, record, simulate_first
     from bench.accuracy_targets import judge, summarise_stream
     from bench.inprocess_training import InProcessTraining, ServiceSchedule
@@ -96,6 +100,9 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         parts: dict[int, dict[str, tuple[float, ...]]] = {}
         decomposed: list[dict[str, tuple[float, ...]]] = []  # in completion order, as result's rows
         buffer: list[dict[str, Any]] = []
+        baseline = SlidingWindowBaseline(args.quantile) if args.naive else None
+        naive: dict[int, tuple[float, float]] = {}  # --naive: the baseline's answer per request
+        completed: list[int] = []  # request ids in the order of result.rows
 
         def swap_due(t: float) -> None:
             nonlocal predictor
@@ -111,6 +118,10 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             kinds = {m: predictor.manifest.model_kind(m) for m in MODEL_NAMES}
             for k, (rid, _) in enumerate(arrivals):
                 asked[rid] = (float(ttft[k]), float(tpot[k]), predictor.manifest.version, kinds)
+            if baseline is not None:  # its model changes only in learn(), at the flush after this
+                guess = baseline.predict([row for _, row in arrivals])
+                for k, (rid, _) in enumerate(arrivals):
+                    naive[rid] = (float(guess["ttft"][k]), float(guess["tpot"][k]))
             if args.decompose:
                 for rid, row_parts in zip([rid for rid, _ in arrivals], margin_parts(features), strict=True):
                     parts[rid] = row_parts
@@ -140,6 +151,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                     sample(f.features, f.ttft_ms, 0.0)
             for c in done:
                 record(result, c, asked.pop(c.request.request_id))
+                completed.append(c.request.request_id)
                 if args.decompose:
                     decomposed.append(parts.pop(c.request.request_id))
                 if not streaming:
@@ -159,6 +171,8 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                 columns, _ = parse_training_entries(buffer, now_s=clock.time())
                 stamps = np.full(len(buffer), clock.time())
                 training.ingest(columns, stamps)
+                if baseline is not None:
+                    baseline.learn(buffer)
                 buffer.clear()
             schedule.after_flush(t, new, clock.time())
 
@@ -196,14 +210,15 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         if args.feedback != "arrival":
             result.sim_s = cluster.now_s
             complete(cluster.drain())
-    result.naive_ttft_ms = [float("nan")] * len(result.rows)  # no baseline here
-    result.naive_tpot_ms = list(result.naive_ttft_ms)
+    missing = (float("nan"), float("nan"))  # without --naive, or before its first fit
+    result.naive_ttft_ms = [naive.get(rid, missing)[0] for rid in completed]
+    result.naive_tpot_ms = [naive.get(rid, missing)[1] for rid in completed]
     streams = sim_streams(result, scenario)
     steps = scenario.steps()
     out: dict[str, Any] = {"retrains": schedule.runs}
     for m in MODEL_NAMES:
         summary = summarise_stream(streams[m], args.quantile, steps)
-        checks = [c for c in judge(summary, args.quantile) if "naive" not in c["target"]]
+        checks = [c for c in judge(summary, args.quantile) if args.naive or "naive" not in c["target"]]
         queued = streams[m].subset(streams[m].waiting > 0)
         out[m] = {
             "summary": summary,
@@ -290,9 +305,12 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
     recovery = " ".join(str(step["recovery_s"]) for step in s["steps"])
     recovery += f" (steady stage: {s['steady_recovery_s']})"
     met = sum(bool(c["pass"]) for c in checks)
+    ratios = ""
+    if "ratio" in s["overall"]:
+        ratios = f"/ naive {s['overall']['ratio']:.2f} queued {queued.get('ratio', float('nan')):.2f} "
     return (
         f"{name} {model.upper()} coverage {s['overall']['coverage']:.3f} "
-        f"pinball {s['overall']['pinball_ms']:.3g} ms queued "
+        f"pinball {s['overall']['pinball_ms']:.3g} ms {ratios}queued "
         f"{queued.get('coverage', float('nan')):.3f} (n={queued.get('samples', 0)}) by waiting {depths} "
         f"stages {stages} recovery {recovery} met {met}/{len(checks)}"
     )
@@ -313,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
+    parser.add_argument(
+        "--naive",
+        action="store_true",
+        help="also run the evidence's naive baseline (bench.accuracy_naive) on the same stream, and judge "
+        "the pinball ratios",
+    )
     parser.add_argument(
         "--decompose",
         type=float,

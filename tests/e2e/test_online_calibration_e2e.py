@@ -116,8 +116,12 @@ def test_a_calibration_version_reaches_a_replica_within_a_second_with_identical_
                 return m if offsets.offsets[DEFAULT_SCHEME.labels().index(SHIFTED)] > 0.3 else None
 
             version = wait_until(calibrated, "a calibration version with the shifted regime corrected", 10)
+
             # calibration versions are rate-limited: wait until the last offsets scored are out
-            wait_until(lambda: client.get(ts.url + "/status").json()["live"]["calibration_settled"], "S", 10)
+            def settled() -> bool:
+                return bool(client.get(ts.url + "/status").json()["live"]["calibration_settled"])
+
+            wait_until(settled, "the last offsets scored published", 10)
             version = Manifest.from_json(client.get(ts.url + "/models/current").content)
             assert version.kind == "calibrated"
             for name in ("ttft", "tpot"):
