@@ -63,6 +63,16 @@ class SlidingWindowBaseline:
             )
         return out
 
+    def answer(
+        self, routed: Sequence[tuple[int, dict[str, Any]]], into: dict[int, tuple[float, float]]
+    ) -> None:
+        """Put the (TTFT, TPOT) answer for each (request id, routing-time row) of ``routed`` in
+        ``into``: by the model serving now, which changes only in ``learn``."""
+        if routed:
+            guess = self.predict([row for _, row in routed])
+            for k, (rid, _) in enumerate(routed):
+                into[rid] = (float(guess["ttft"][k]), float(guess["tpot"][k]))
+
     def _fit(self) -> None:
         rows = list(self._rows)
         features = build_features(parse_rows(rows))

@@ -94,6 +94,13 @@ class ReplayResult:
     def columns(self) -> Columns:
         return parse_rows(self.rows)
 
+    def set_naive(self, naive: dict[int, tuple[float, float]], completed: Sequence[int]) -> None:
+        """The naive baseline's (TTFT, TPOT) answers, by request id, in the order of ``rows``
+        (``completed``: the request ids in that order); NaN where it had none."""
+        missing = (math.nan, math.nan)
+        self.naive_ttft_ms = [naive.get(rid, missing)[0] for rid in completed]
+        self.naive_tpot_ms = [naive.get(rid, missing)[1] for rid in completed]
+
     def array(self, name: str) -> np.ndarray:
         values: list[Any] = getattr(self, name)
         return np.asarray(values, dtype=object if name == "versions" else np.float64)
@@ -145,11 +152,8 @@ def replay_stream(
             if baseline is not None:
                 # The baseline's model only changes in learn(), so the rows routed since the last
                 # flush are predicted now, in one call, by the model that served their routing.
-                if routed:
-                    guess = baseline.predict([row for _, row in routed])
-                    for k, (rid, _) in enumerate(routed):
-                        naive[rid] = (float(guess["ttft"][k]), float(guess["tpot"][k]))
-                    routed.clear()
+                baseline.answer(routed, naive)
+                routed.clear()
                 baseline.learn(buffer)
             buffer.clear()
 
@@ -223,9 +227,7 @@ def replay_stream(
             complete(cluster.drain())
         flush()
         result.wall_s = time.monotonic() - started
-    missing = (math.nan, math.nan)
-    result.naive_ttft_ms = [naive.get(rid, missing)[0] for rid in completed]
-    result.naive_tpot_ms = [naive.get(rid, missing)[1] for rid in completed]
+    result.set_naive(naive, completed)
     return result
 
 
