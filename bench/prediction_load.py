@@ -9,9 +9,15 @@ Servers, each one process pinned with ``taskset -c 0``, ``OMP_NUM_THREADS=1``:
                  and answers a canned body of the same shape (no validation, features or trees);
   ours-TxD       python -m prediction_server serving a trained version of T trees of depth D per
                  model (200x6 is the llm-d predictor's size, 150x6 the training server's default),
-                 with a work-ahead baseline like the training server's versions;
-  base-TxD       with ``--baseline-code DIR``: the same for the first size, served by the code in
-                 DIR (another checkout), for a before/after in the same run.
+                 with baselines and offsets like the training server's versions, in their widest
+                 form (``--forms served``, the default; ``publish_benchmark_model``);
+  ours-TxD-linear with ``--forms linear``: a plain linear baseline and no offsets, the version
+                 this benchmark served before the wider forms (figures comparable with earlier runs);
+  base-TxD       with ``--baseline-code DIR``: the first size's first form, served by the code in
+                 DIR (another checkout), for a before/after in the same run;
+  churn-TxD      with ``--calibration-every-s S``: the first size's served form from a store that
+                 gets a calibration version (new regime offsets, the same trees) every S seconds
+                 during the runs, as the training server's live scorer publishes them.
 
 Generator: wrk where it is installed (``--generator wrk``, the default; ``bench/wrk_load.py``:
 closed loop, 1, 2, 4, ... connections, capacity = the highest calls/s with p99 within the bound),
@@ -47,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +70,9 @@ from shared.artifacts import ModelStore, to_margin_target  # noqa: E402
 from shared.baseline import WORK_FEATURES  # noqa: E402
 from shared.features import build_features  # noqa: E402
 from shared.prior import prior_latency_ms, synthetic_columns  # noqa: E402
+from shared.regimes import DEFAULT_SCHEME, RegimeOffsets  # noqa: E402
 from shared.schemas import pod_type_name  # noqa: E402
+from training_server.baseline_fit import widest_baseline  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 FLOOR = "floor"
@@ -104,27 +113,80 @@ def make_rows(n: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def publish_benchmark_model(store: ModelStore, rounds: int, depth: int) -> str:
-    """A trained version like the training server's: quantile trees around a work-ahead baseline."""
+def publish_benchmark_model(store: ModelStore, rounds: int, depth: int, form: str = "served") -> str:
+    """A trained version like the training server's: quantile trees around a work-ahead baseline.
+
+    ``form`` "served": what the training server publishes at its defaults, at the most it may
+    ask of the prediction path: each model's widest baseline (TTFT's KV-scaled terms, TPOT's bent
+    and bounded terms, ``training_server.baseline_fit.widest_baseline``), a calibration offset and
+    regime offsets. "linear": a plain linear baseline and no offsets (this benchmark's version
+    before the wider forms existed, for figures comparable with the earlier ones)."""
     import xgboost as xgb
 
     rng = np.random.default_rng(1)
     columns = synthetic_columns(20_000, rng)
     features = build_features(columns)
-    models, baselines = {}, {}
+    models: dict[str, bytes] = {}
+    baselines: dict[str, dict[str, Any] | None] = {}
+    offsets: dict[str, float] = {}
+    regimes: dict[str, RegimeOffsets | None] = {}
     for name, target in zip(("ttft", "tpot"), prior_latency_ms(columns, 0.5), strict=True):
-        work = WORK_FEATURES[name]
-        baselines[name] = {
-            "kind": "linear",
-            "features": list(work),
-            "intercept": 5.0,
-            "coefficients": [0.001] * len(work),
-        }
-        label = to_margin_target(target * rng.lognormal(0.0, 0.3, len(target)), "log1p")
+        latency = target * rng.lognormal(0.0, 0.3, len(target))
+        if form == "served":
+            baselines[name] = widest_baseline(name, features, latency, 0.9)
+            offsets[name] = 0.05
+            regimes[name] = calibration_offsets(rng)
+        else:
+            work = WORK_FEATURES[name]
+            baselines[name] = {
+                "kind": "linear",
+                "features": list(work),
+                "intercept": 5.0,
+                "coefficients": [0.001] * len(work),
+            }
+        label = to_margin_target(latency, "log1p")
         params = {"objective": "reg:quantileerror", "quantile_alpha": 0.9, "max_depth": depth, "eta": 0.1}
         booster = xgb.train({**params, "nthread": 1}, xgb.DMatrix(features, label=label), rounds)
         models[name] = bytes(booster.save_raw("ubj"))
-    return store.publish("trained", models, objective="quantile", quantile=0.9, baselines=baselines).version
+    return store.publish(
+        "trained",
+        models,
+        objective="quantile",
+        quantile=0.9,
+        baselines=baselines,
+        calibration_offsets=offsets,
+        regime_offsets=regimes,
+    ).version
+
+
+def calibration_offsets(rng: np.random.Generator) -> RegimeOffsets:
+    """Regime offsets of the size the live scorer publishes (``DEFAULT_SCHEME``), random values."""
+    return RegimeOffsets.of(DEFAULT_SCHEME, np.round(rng.uniform(-0.1, 0.3, DEFAULT_SCHEME.size), 6))
+
+
+class CalibrationChurn:
+    """Publishes a calibration version (the same trees, new regime offsets, as the training
+    server's live scorer does) to ``store`` every ``every_s`` seconds, from a thread, until stopped."""
+
+    def __init__(self, store: ModelStore, every_s: float) -> None:
+        self.store, self.every_s = store, every_s
+        self.published = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="calibration-churn", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        rng = np.random.default_rng(2)
+        while not self._stop.wait(self.every_s):
+            current = self.store.current_version()
+            assert current is not None
+            offsets = {name: calibration_offsets(rng) for name in ("ttft", "tpot")}
+            if self.store.publish_calibrated(current, offsets, {}) is not None:
+                self.published += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 # -- servers ---------------------------------------------------------------------------------------
@@ -443,6 +505,21 @@ def main() -> None:
     parser.add_argument("--max-connections", type=int, default=64, help="wrk: connections tried up to")
     parser.add_argument("--json", type=Path, help="also write every step's figures here")
     parser.add_argument(
+        "--forms",
+        default="served",
+        help="versions served per size, comma-separated: 'served' (ours-TxD: the widest baselines and "
+        "regime offsets the training server publishes) and/or 'linear' (ours-TxD-linear: a linear "
+        "baseline without offsets, as this benchmark served before)",
+    )
+    parser.add_argument(
+        "--calibration-every-s",
+        type=float,
+        default=0.0,
+        help="also serve the first size's served form as churn-TxD, from a store that gets a "
+        "calibration version (new regime offsets) this often, as the live scorer publishes them "
+        "(its default: every 0.25 s); 0: off",
+    )
+    parser.add_argument(
         "--baseline-code",
         type=Path,
         help="another checkout (e.g. from git worktree) serving the first size too, as base-TxD",
@@ -450,12 +527,17 @@ def main() -> None:
     args = parser.parse_args()
     args.fractions = [float(f) for f in args.fractions.split(",")]
     row_counts = [int(n) for n in args.rows.split(",")]
+    forms = args.forms.split(",")
+    if not set(forms) <= {"served", "linear"}:
+        parser.error(f"--forms: {args.forms!r}, expected served and/or linear")
     os.sched_setaffinity(0, {1})
 
     import uvloop
 
     workdir = Path(tempfile.mkdtemp(prefix="prediction-bench-"))
     servers: list[Server] = []
+    to_churn: list[ModelStore] = []  # --calibration-every-s: stores that get calibration versions
+    churns: list[CalibrationChurn] = []
     results: list[StepResult] = []
     best: dict[tuple[str, int, int], StepResult | None] = {}
     try:
@@ -463,30 +545,33 @@ def main() -> None:
         servers.append(
             Server(FLOOR, ["bench/floor_server.py", "--port", str(port)], port, workdir / "floor.log")
         )
-        for size in args.sizes.split(","):
-            trees, depth = (int(v) for v in size.split("x"))
-            store = ModelStore(workdir / f"store-{size}")
-            version = publish_benchmark_model(store, trees, depth)
+
+        def start(name: str, store: ModelStore, code: Path = REPO) -> dict[str, Any]:
             port = free_port()
             command = ["-m", "prediction_server", "--port", str(port), "--store", str(store.root)]
-            servers.append(
-                Server(
-                    f"ours-{size}", [*command, "--log-level", "warning"], port, workdir / f"ours-{size}.log"
-                )
-            )
-            status = settled_status(servers[-1])
-            print(f"ours-{size}: version {version}, evaluator {status['evaluator']}", flush=True)
-            if args.baseline_code and len(servers) == 2:
-                port = free_port()
-                command[command.index("--port") + 1] = str(port)
-                log = workdir / f"base-{size}.log"
-                servers.append(
-                    Server(
-                        f"base-{size}", [*command, "--log-level", "warning"], port, log, args.baseline_code
-                    )
-                )
-                status = settled_status(servers[-1])
-                print(f"base-{size}: {args.baseline_code}, evaluator {status['evaluator']}", flush=True)
+            log = workdir / f"{name}.log"
+            servers.append(Server(name, [*command, "--log-level", "warning"], port, log, code))
+            return settled_status(servers[-1])
+
+        for first, size in enumerate(args.sizes.split(",")):
+            trees, depth = (int(v) for v in size.split("x"))
+            for form in forms:
+                name = f"ours-{size}" if form == "served" else f"ours-{size}-{form}"
+                store = ModelStore(workdir / f"store-{name}")
+                version = publish_benchmark_model(store, trees, depth, form)
+                status = start(name, store)
+                print(f"{name}: version {version}, evaluator {status['evaluator']}", flush=True)
+                if first:
+                    continue
+                if args.baseline_code and form == forms[0]:
+                    status = start(f"base-{size}", store, args.baseline_code)
+                    print(f"base-{size}: {args.baseline_code}, evaluator {status['evaluator']}", flush=True)
+                if args.calibration_every_s and form == ("served" if "served" in forms else forms[0]):
+                    # the same version from a store of its own, which gets calibration versions
+                    churned = ModelStore(workdir / f"store-churn-{size}")
+                    publish_benchmark_model(churned, trees, depth, form)
+                    start(f"churn-{size}", churned)
+                    to_churn.append(churned)
         check_same_answers(servers[1:], make_rows(100, 99))
         requests, bodies = {}, {}
         for rows in row_counts:
@@ -501,6 +586,10 @@ def main() -> None:
         for server in servers:  # warm up connections, caches and allocators
             offer(server, row_counts[0], 200.0, 1.0, args, requests[row_counts[0]], 0)
         print(f"generator: {args.generator}", flush=True)
+        # after the answers were checked: a calibration version changes them
+        churns.extend(CalibrationChurn(store, args.calibration_every_s) for store in to_churn)
+        if churns:
+            print(f"churn: a calibration version every {args.calibration_every_s:g} s", flush=True)
         for run in range(1, args.runs + 1):
             for rows in row_counts:
                 for server in servers:
@@ -511,6 +600,9 @@ def main() -> None:
                     results.extend(steps)
                     best[(server.name, rows, run)] = top
     finally:
+        for churn in churns:
+            churn.stop()
+            print(f"calibration versions published during the runs: {churn.published}", flush=True)
         for server in servers:
             server.stop()
     print_summary(best, row_counts, [s.name for s in servers], args.runs)

@@ -68,6 +68,7 @@ within the fitted range too, so all the newest rows judge them, not only those b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -121,30 +122,54 @@ def fit_baseline(
     KV-scaled terms, against the choice so far. Each alternative is judged on all the newest rows
     (at least ``MIN_NEWEST``).
     """
-    names = WORK_FEATURES[model]
-    n = len(latency_ms)
-    if n == 0:
+    if len(latency_ms) == 0:
         return None
-    rows = np.unique(np.linspace(0, n - 1, min(n, FIT_ROWS)).astype(np.int64))
-    fit_rows = features[rows]
-    y = latency_ms[rows].astype(np.float64)
+    fit_rows, y = _fit_rows(features, latency_ms)
     chosen = _fit(model, fit_rows, y, quantile)
-    if newest is None:
+    if newest is None or len(newest[1]) < MIN_NEWEST:
         return chosen
-    new_features, new_latency = newest
-    if len(new_latency) < MIN_NEWEST:
-        return chosen
+    for alternative in _alternatives(model, fit_rows, y, quantile, bend=bend, kv_scaled=kv_scaled):
+        chosen = _better(alternative, chosen, *newest, quantile, confidence)
+    return chosen
+
+
+def widest_baseline(
+    model: str, features: np.ndarray, latency_ms: np.ndarray, quantile: float
+) -> dict[str, Any] | None:
+    """``model``'s baseline with every term ``fit_baseline`` may choose for it (bent, or KV-scaled
+    at each supported knee), taken without judging it: the most a served version's baseline asks
+    of the prediction path (``bench/prediction_load.py`` serves it). ``None`` without rows."""
+    if len(latency_ms) == 0:
+        return None
+    fit_rows, y = _fit_rows(features, latency_ms)
+    fits = [_fit(model, fit_rows, y, quantile)]
+    fits += _alternatives(model, fit_rows, y, quantile, bend=True, kv_scaled=True)
+    return fits[-1]
+
+
+def _fit_rows(features: np.ndarray, latency_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``FIT_ROWS`` evenly spaced rows and their latencies (float64)."""
+    n = len(latency_ms)
+    rows = np.unique(np.linspace(0, n - 1, min(n, FIT_ROWS)).astype(np.int64))
+    return features[rows], latency_ms[rows].astype(np.float64)
+
+
+def _alternatives(
+    model: str, fit_rows: np.ndarray, y: np.ndarray, quantile: float, *, bend: bool, kv_scaled: bool
+) -> Iterator[dict[str, Any]]:
+    """The alternatives to ``model``'s linear baseline, each fitted only when asked for: with
+    ``bend``, for a model in ``SATURATING``, the concave one bent at ``KNEE_LEVELS`` of its
+    features; then, with ``kv_scaled``, for a model in ``KV_SCALED``, the one with the KV-scaled
+    terms at its supported knees."""
     if bend and model in SATURATING:
+        names = WORK_FEATURES[model]
         x = fit_rows[:, [FEATURE_NAMES.index(name) for name in names]].astype(np.float64)
         knees = np.quantile(x, KNEE_LEVELS, axis=0).astype(np.float32).astype(np.float64)
         few = np.unique(np.linspace(0, len(y) - 1, min(len(y), KNEE_FIT_ROWS)).astype(np.int64))
-        bent = _fit(model, fit_rows[few], y[few], quantile, knees)
-        chosen = _better(bent, chosen, new_features, new_latency, quantile, confidence)
+        yield _fit(model, fit_rows[few], y[few], quantile, knees)
     kv_knees = _supported_kv_knees(model, fit_rows) if kv_scaled else ()
     if kv_knees:
-        scaled = _fit(model, fit_rows, y, quantile, kv_knees=kv_knees)
-        chosen = _better(scaled, chosen, new_features, new_latency, quantile, confidence)
-    return chosen
+        yield _fit(model, fit_rows, y, quantile, kv_knees=kv_knees)
 
 
 def _supported_kv_knees(model: str, features: np.ndarray) -> tuple[float, ...]:

@@ -26,7 +26,7 @@ from shared.prior import publish_prior
 from shared.schemas import parse_rows
 from stack.simulator import Cluster, PodConfig, Workload, WorkloadConfig, round_robin, simulate
 from training_server import synthetic
-from training_server.baseline_fit import fit_baseline, quantile_regression_nonneg
+from training_server.baseline_fit import fit_baseline, quantile_regression_nonneg, widest_baseline
 from training_server.config import TrainingSettings
 from training_server.trainer import Trainer
 from training_server.window import StratifiedWindow
@@ -319,6 +319,27 @@ def test_ttfts_baseline_fitted_before_the_cache_filled_covers_the_queue_behind_a
     kv = FEATURE_NAMES.index("kv_cache_percentage")
     shuffled[:, kv] = np.random.default_rng(seed).permutation(shuffled[:, kv])
     assert fitted(shown, kv_scaled=True, rows=shuffled)["kind"] == BASELINE_KIND
+
+
+@pytest.mark.parametrize(("model", "kind"), [("ttft", SCALED_KIND), ("tpot", PIECEWISE_KIND)])
+def test_the_widest_baseline_is_the_alternative_the_fit_may_choose(model: str, kind: str) -> None:
+    """``widest_baseline`` (what bench/prediction_load.py serves) is each model's alternative to the
+    line, fitted as ``fit_baseline`` fits it: TTFT's KV-scaled terms, TPOT's bent one. Where the
+    newest rows show the alternative better, ``fit_baseline`` chooses exactly that description."""
+    done = _overload(0)
+    features = build_features(parse_rows([c.features for c in done]))
+    latency = np.array([c.ttft_ms if model == "ttft" else c.tpot_ms for c in done])
+    rows = np.flatnonzero(latency > 0)
+    widest = widest_baseline(model, features[rows], latency[rows], QUANTILE)
+    assert widest is not None and widest["kind"] == kind
+    check_baseline(widest)
+    line = fit_baseline(model, features[rows], latency[rows], QUANTILE, bend=True, kv_scaled=True)
+    assert line is not None and len(line["features"]) < len(widest["features"])  # nothing judged: the line
+    # newest rows that the widest form predicts exactly: the fit must take it, and the same one
+    newest = (features[rows], baseline_ms(features[rows], widest))
+    chosen = fit_baseline(model, features[rows], latency[rows], QUANTILE, newest, bend=True, kv_scaled=True)
+    assert chosen == widest
+    assert widest_baseline(model, features[:0], latency[:0], QUANTILE) is None
 
 
 def _window(done: list[Any], until_s: float) -> StratifiedWindow:
