@@ -14,7 +14,7 @@ e2e:
 	$(PY) -m pytest -m e2e
 bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~85 min in all)
 	OMP_NUM_THREADS=1 $(PY) bench/training_ingest.py --out docs/benchmarks-training.md
-	OMP_NUM_THREADS=1 $(PY) bench/prediction_load.py --runs 3 --step-s 3 --probe-s 1.5 --fractions 0.8,1.0,1.2 --max-steps 7
+	OMP_NUM_THREADS=1 $(PY) bench/prediction_load.py --runs 3 --step-s 3 --probe-s 1.5 --fractions 0.8,1.0,1.2 --max-steps 7 --calibration-every-s 0.25
 	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/model_load.py
 	OMP_NUM_THREADS=1 taskset -c 1 $(PY) bench/tree_eval.py
 	OMP_NUM_THREADS=1 $(PY) bench/coalescer_load.py --no-pin --out docs/benchmarks-coalescer.md

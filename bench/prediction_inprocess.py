@@ -3,12 +3,14 @@
 Run from the repository root, pinned to one core:
 
     OMP_NUM_THREADS=1 taskset -c 1 python bench/prediction_inprocess.py [--code DIR] [--rows 1,10,100]
+        [--form linear]
 
 No sockets or HTTP parsing (the floor server pays those too): what our code costs per call, from
 the body's bytes to the response's. The app is ``prediction_server.app.create_app`` with its
-lifespan run, serving a trained 200x6 version (``prediction_load.publish_benchmark_model``) once
-its evaluator has settled; ``--code DIR`` takes the services from another checkout (e.g. main, for
-a before/after in one sitting). Each row count: ``--repeats`` timings of ``--calls`` calls, median.
+lifespan run, serving a trained 200x6 version (``prediction_load.publish_benchmark_model``, in
+its ``--form``) once its evaluator has settled; ``--code DIR`` takes the services from another
+checkout (e.g. main, for a before/after in one sitting). Each row count: ``--repeats`` timings of
+``--calls`` calls, median.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +28,12 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 REPO = Path(__file__).resolve().parents[1]
+_PUBLISH = """
+import sys
+from bench.prediction_load import publish_benchmark_model
+from shared.artifacts import ModelStore
+publish_benchmark_model(ModelStore(sys.argv[1]), 200, 6, sys.argv[2])
+"""
 
 
 def main() -> None:
@@ -33,22 +42,31 @@ def main() -> None:
     parser.add_argument("--rows", default="1,10,100")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--form",
+        choices=("served", "linear"),
+        default="served",
+        help="the version's form (prediction_load.publish_benchmark_model): the widest baselines and "
+        "offsets the training server publishes, or the earlier linear one",
+    )
     args = parser.parse_args()
+    # The store is written by this checkout (its forms), in a child, whichever code serves it.
+    store = tempfile.mkdtemp(prefix="inprocess-")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", _PUBLISH, store, args.form], cwd=REPO, env=env, check=True)
     sys.path.insert(0, str(args.code.resolve()))
     sys.path.insert(1, str(REPO))
     import orjson
 
-    from bench.prediction_load import make_rows, publish_benchmark_model
+    from bench.prediction_load import make_rows
     from prediction_server.app import create_app
     from prediction_server.config import PredictionSettings
-    from shared.artifacts import ModelStore
 
-    store = ModelStore(tempfile.mkdtemp(prefix="inprocess-"))
-    publish_benchmark_model(store, 200, 6)
-    app = create_app(PredictionSettings(store=str(store.root), log_level="warning"))
+    app = create_app(PredictionSettings(store=store, log_level="warning"))
     rows = [int(n) for n in args.rows.split(",")]
     print(
-        f"code {args.code.resolve()}; thread CPU µs per call, median of {args.repeats} x {args.calls} calls"
+        f"code {args.code.resolve()}, {args.form} form; thread CPU µs per call, "
+        f"median of {args.repeats} x {args.calls} calls"
     )
     print("| rows | µs per call |\n|---|---|")
     asyncio.run(_measure(app, rows, args, make_rows, orjson))

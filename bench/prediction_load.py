@@ -55,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -165,28 +166,34 @@ def calibration_offsets(rng: np.random.Generator) -> RegimeOffsets:
 
 
 class CalibrationChurn:
-    """Publishes a calibration version (the same trees, new regime offsets, as the training
-    server's live scorer does) to ``store`` every ``every_s`` seconds, from a thread, until stopped."""
+    """While ``running``: publishes a calibration version (the same trees, new regime offsets, as
+    the training server's live scorer does) to ``store`` every ``every_s`` seconds, from a thread.
+    Only while its own server is measured: the servers share a core, and another server's swaps
+    would cost the one under test."""
 
     def __init__(self, store: ModelStore, every_s: float) -> None:
         self.store, self.every_s = store, every_s
         self.published = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="calibration-churn", daemon=True)
-        self._thread.start()
+        self._rng = np.random.default_rng(2)
 
-    def _run(self) -> None:
-        rng = np.random.default_rng(2)
-        while not self._stop.wait(self.every_s):
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        stop = threading.Event()
+        thread = threading.Thread(target=self._run, args=(stop,), name="calibration-churn", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.every_s):
             current = self.store.current_version()
             assert current is not None
-            offsets = {name: calibration_offsets(rng) for name in ("ttft", "tpot")}
+            offsets = {name: calibration_offsets(self._rng) for name in ("ttft", "tpot")}
             if self.store.publish_calibrated(current, offsets, {}) is not None:
                 self.published += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 # -- servers ---------------------------------------------------------------------------------------
@@ -536,8 +543,7 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="prediction-bench-"))
     servers: list[Server] = []
-    to_churn: list[ModelStore] = []  # --calibration-every-s: stores that get calibration versions
-    churns: list[CalibrationChurn] = []
+    churns: dict[str, CalibrationChurn] = {}  # --calibration-every-s: per server name
     results: list[StepResult] = []
     best: dict[tuple[str, int, int], StepResult | None] = {}
     try:
@@ -571,7 +577,7 @@ def main() -> None:
                     churned = ModelStore(workdir / f"store-churn-{size}")
                     publish_benchmark_model(churned, trees, depth, form)
                     start(f"churn-{size}", churned)
-                    to_churn.append(churned)
+                    churns[f"churn-{size}"] = CalibrationChurn(churned, args.calibration_every_s)
         check_same_answers(servers[1:], make_rows(100, 99))
         requests, bodies = {}, {}
         for rows in row_counts:
@@ -586,23 +592,30 @@ def main() -> None:
         for server in servers:  # warm up connections, caches and allocators
             offer(server, row_counts[0], 200.0, 1.0, args, requests[row_counts[0]], 0)
         print(f"generator: {args.generator}", flush=True)
-        # after the answers were checked: a calibration version changes them
-        churns.extend(CalibrationChurn(store, args.calibration_every_s) for store in to_churn)
-        if churns:
-            print(f"churn: a calibration version every {args.calibration_every_s:g} s", flush=True)
+        for name in churns:
+            print(f"{name}: a calibration version every {args.calibration_every_s:g} s", flush=True)
         for run in range(1, args.runs + 1):
             for rows in row_counts:
                 for server in servers:
-                    if args.generator == "wrk":
-                        top, steps = wrk_capacity(server, rows, scripts[rows], args, run, StepResult)
-                    else:
-                        top, steps = capacity(server, rows, args, requests[rows], run)
+                    churn = churns.get(server.name)
+                    with churn.running() if churn is not None else contextlib.nullcontext():
+                        if args.generator == "wrk":
+                            top, steps = wrk_capacity(server, rows, scripts[rows], args, run, StepResult)
+                        else:
+                            top, steps = capacity(server, rows, args, requests[rows], run)
                     results.extend(steps)
                     best[(server.name, rows, run)] = top
     finally:
-        for churn in churns:
-            churn.stop()
-            print(f"calibration versions published during the runs: {churn.published}", flush=True)
+        for server in servers:
+            if server.name in churns:  # that the server took them: the version it serves at the end
+                with contextlib.suppress(httpx.HTTPError):
+                    serving = httpx.get(server.url + "/status").json()["model_version"]
+                    published = churns[server.name].published
+                    print(
+                        f"{server.name}: {published} calibration versions published while measured, "
+                        f"serving {serving} (store: {churns[server.name].store.current_version()})",
+                        flush=True,
+                    )
         for server in servers:
             server.stop()
     print_summary(best, row_counts, [s.name for s in servers], args.runs)
