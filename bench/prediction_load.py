@@ -67,7 +67,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.wrk_load import write_script, wrk_capacity  # noqa: E402
-from shared.artifacts import ModelStore, to_margin_target  # noqa: E402
+from shared.artifacts import MODEL_NAMES, ModelStore, to_margin_target  # noqa: E402
 from shared.baseline import WORK_FEATURES  # noqa: E402
 from shared.features import build_features  # noqa: E402
 from shared.prior import prior_latency_ms, synthetic_columns  # noqa: E402
@@ -131,7 +131,7 @@ def publish_benchmark_model(store: ModelStore, rounds: int, depth: int, form: st
     baselines: dict[str, dict[str, Any] | None] = {}
     offsets: dict[str, float] = {}
     regimes: dict[str, RegimeOffsets | None] = {}
-    for name, target in zip(("ttft", "tpot"), prior_latency_ms(columns, 0.5), strict=True):
+    for name, target in zip(MODEL_NAMES, prior_latency_ms(columns, 0.5), strict=True):
         latency = target * rng.lognormal(0.0, 0.3, len(target))
         if form == "served":
             baselines[name] = widest_baseline(name, features, latency, 0.9)
@@ -191,7 +191,7 @@ class CalibrationChurn:
         while not stop.wait(self.every_s):
             current = self.store.current_version()
             assert current is not None
-            offsets = {name: calibration_offsets(self._rng) for name in ("ttft", "tpot")}
+            offsets = {name: calibration_offsets(self._rng) for name in MODEL_NAMES}
             if self.store.publish_calibrated(current, offsets, {}) is not None:
                 self.published += 1
 
@@ -537,6 +537,8 @@ def main() -> None:
     forms = args.forms.split(",")
     if not set(forms) <= {"served", "linear"}:
         parser.error(f"--forms: {args.forms!r}, expected served and/or linear")
+    if args.calibration_every_s and "served" not in forms:
+        parser.error("--calibration-every-s churns the served form: add it to --forms")
     os.sched_setaffinity(0, {1})
 
     import uvloop
@@ -572,10 +574,10 @@ def main() -> None:
                 if args.baseline_code and form == forms[0]:
                     status = start(f"base-{size}", store, args.baseline_code)
                     print(f"base-{size}: {args.baseline_code}, evaluator {status['evaluator']}", flush=True)
-                if args.calibration_every_s and form == ("served" if "served" in forms else forms[0]):
-                    # the same version from a store of its own, which gets calibration versions
-                    churned = ModelStore(workdir / f"store-churn-{size}")
-                    publish_benchmark_model(churned, trees, depth, form)
+                if args.calibration_every_s and form == "served":
+                    # the same version (a copy of its store) from a store of its own, which gets
+                    # calibration versions
+                    churned = ModelStore(shutil.copytree(store.root, workdir / f"store-churn-{size}"))
                     start(f"churn-{size}", churned)
                     churns[f"churn-{size}"] = CalibrationChurn(churned, args.calibration_every_s)
         check_same_answers(servers[1:], make_rows(100, 99))
