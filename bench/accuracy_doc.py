@@ -39,11 +39,21 @@ def markdown(
         f"on a shared, busy 2-core machine; {wall_s / 60:.1f} min wall in all. Training-server flags: "
         f"{flags}. Traces at {args.trace_speed:g}x their recorded pace; simulator at {args.sim_speed:g} "
         f"simulated s per wall s, seeds {' '.join(map(str, args.seeds))}; samples "
-        f"{'carry' if args.send_predictions else 'do not carry'} the predicted_*_ms fields; the "
-        f"simulator posts a request's samples "
+        + (
+            "carry"
+            if args.send_predictions
+            else "do not carry"
+            if args.feedback != "epp"
+            else "of the traces do not carry (the simulator's do)"
+        )
+        + " the predicted_*_ms fields; the "
+        "simulator posts a request's samples "
         + (
             "as llm-d's EPP streams: TTFT at the first token, TPOT at completion."
             if args.feedback == "first-token"
+            else "as today's EPP fills them: TTFT at the first token, TPOT at completion with the pod's load "
+            "at the last token, each with the prediction it was routed on."
+            if args.feedback == "epp"
             else "right after their prediction (simulated first, replayed in arrival order: a replay of "
             "recorded requests)."
             if args.feedback == "arrival"

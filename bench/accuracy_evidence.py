@@ -39,7 +39,7 @@ from bench.accuracy_doc import markdown, markers, write_block  # noqa: E402
 from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline  # noqa: E402
 from bench.accuracy_plot import reliability_grid, step_timelines  # noqa: E402
-from bench.accuracy_replay import ReplayConfig, ReplayResult, replay_stream  # noqa: E402
+from bench.accuracy_replay import FEEDBACKS, ReplayConfig, ReplayResult, replay_stream  # noqa: E402
 from bench.accuracy_steps import Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, judge, summarise_stream  # noqa: E402
 from bench.accuracy_trace import DEFAULT_DIR, TRACES, TraceResult, load_trace, replay_trace  # noqa: E402
@@ -212,10 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--feedback",
-        choices=("completion", "first-token", "arrival"),
+        choices=FEEDBACKS,
         default="completion",
         help="simulator: post both targets at completion, or TTFT at the first token (llm-d's EPP), "
-        "or (arrival) simulate first and post each request's samples right after its prediction",
+        "or (epp) that with what today's EPP puts in its samples (the prediction routed on; TPOT with "
+        "the pod's load at the last token), or (arrival) simulate first and post each request's "
+        "samples right after its prediction (bench.accuracy_replay)",
     )
     parser.add_argument("--label", default="", help="what was measured (e.g. 'main at abc123')")
     parser.add_argument("--block", default="", help="name of the generated block and figure suffix")

@@ -11,7 +11,12 @@ made before its own sample, or any sample completed after its routing, was sent.
 ``feedback="first-token"`` a request's TTFT goes out as a TTFT-only sample (``actual_tpot_ms``
 0) at the flush after its first token, and its TPOT as a TPOT-only sample after it completed: the
 way llm-d's EPP reports while it streams the response, so a TTFT is learned one request duration
-sooner. With ``feedback="arrival"`` the workload is simulated first (the routing does not depend
+sooner. ``feedback="epp"`` is that, with the rest of what today's EPP (llm-d-router's
+predicted-latency plugin) puts in its samples: each carries the prediction the request was routed
+on (``predicted_ttft_ms`` or ``predicted_tpot_ms``), and the TPOT sample the pod's load *when the
+request finished* (the EPP refreshes its metrics at every token), with a prefix-cache score and a
+generated-token count of 0, so TPOT is learned from rows that are not the ones it is asked about
+at routing. With ``feedback="arrival"`` the workload is simulated first (the routing does not depend
 on the answers) and then replayed in arrival order, each request's sample posted at the first
 flush after its prediction, with its actual latencies: the protocol of a replay of recorded
 requests (and of ``bench.accuracy_trace``'s), where the outcome of every request is known as soon
@@ -34,7 +39,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import httpx
 import numpy as np
@@ -42,16 +47,19 @@ import orjson
 
 from shared.artifacts import MODEL_NAMES
 from shared.schemas import Columns, parse_rows
-from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
+from stack.simulator import Cluster, Completion, FirstToken, PodConfig, SimRequest, Workload, WorkloadConfig
 
 if TYPE_CHECKING:
     from bench.accuracy_naive import SlidingWindowBaseline
 
 Routing = Literal["random", "round-robin"]
 # When a request's samples are posted: both targets once it completed, or (as llm-d's EPP does
-# while it streams the response) a TTFT-only sample at its first token and a TPOT-only one at the end.
-# Or, replaying a simulated record in arrival order, both at once right after the prediction.
-Feedback = Literal["completion", "first-token", "arrival"]
+# while it streams the response) a TTFT-only sample at its first token and a TPOT-only one at the end;
+# "epp" also as today's EPP fills them (see the module docstring). Or, replaying a simulated record
+# in arrival order, both at once right after the prediction.
+Feedback = Literal["completion", "first-token", "epp", "arrival"]
+FEEDBACKS: tuple[Feedback, ...] = get_args(Feedback)
+STREAMING: tuple[Feedback, ...] = ("first-token", "epp")  # a TTFT sample at the first token
 MAX_BATCH = 1000  # the training API's per-call flush size
 
 
@@ -157,29 +165,20 @@ def replay_stream(
                 baseline.learn(buffer)
             buffer.clear()
 
-        def sample(features: dict[str, Any], ttft_ms: float, tpot_ms: float, prediction: Any) -> None:
-            entry = {**features, "actual_ttft_ms": ttft_ms, "actual_tpot_ms": tpot_ms}
-            if cfg.send_predictions:
-                entry.update(predicted_ttft_ms=prediction[0], predicted_tpot_ms=prediction[1])
-            buffer.append(entry)
-
-        streaming = cfg.feedback == "first-token"
+        streaming = cfg.feedback in STREAMING
         if streaming:
             cluster.record_first_tokens()
 
         def complete(done: list[Completion]) -> None:
             if streaming:  # first tokens come before their own completions
                 for f in cluster.take_first_tokens():
-                    sample(f.features, f.ttft_ms, 0.0, asked[f.request.request_id])
+                    buffer.append(first_token_sample(f, asked[f.request.request_id], cfg))
             for c in done:
                 rid = c.request.request_id
                 prediction = asked.pop(rid)
                 record(result, c, prediction)
                 completed.append(rid)
-                if not streaming:
-                    sample(c.features, c.ttft_ms, c.tpot_ms, prediction)
-                elif c.tpot_ms > 0:
-                    sample(c.features, 0.0, c.tpot_ms, prediction)
+                buffer.extend(completion_samples(c, prediction, cfg))
 
         started = time.monotonic()
         next_flush_s = cfg.flush_every_s
@@ -199,7 +198,7 @@ def replay_stream(
                 result.prediction_calls += 1
                 record(result, c, prediction)
                 completed.append(rid)
-                sample(c.features, c.ttft_ms, c.tpot_ms, prediction)
+                buffer.extend(completion_samples(c, prediction, cfg))
             result.sim_s = cluster.now_s
             requests = ()
         for req in requests:
@@ -229,6 +228,40 @@ def replay_stream(
         result.wall_s = time.monotonic() - started
     result.set_naive(naive, completed)
     return result
+
+
+def first_token_sample(f: FirstToken, prediction: tuple[float, ...], cfg: ReplayConfig) -> dict[str, Any]:
+    """The TTFT-only sample a streaming scheduler posts at ``f``'s first token (``cfg.feedback`` in
+    ``STREAMING``); ``prediction`` is the request's (TTFT, TPOT, ...) as it was routed."""
+    sent = cfg.feedback == "epp" or cfg.send_predictions
+    return _entry(f.features, f.ttft_ms, 0.0, prediction[0] if sent else None, None)
+
+
+def completion_samples(
+    c: Completion, prediction: tuple[float, ...], cfg: ReplayConfig
+) -> list[dict[str, Any]]:
+    """What the scheduler posts once ``c`` completed, under ``cfg.feedback`` (see ``Feedback``)."""
+    if cfg.feedback not in STREAMING:
+        sent = prediction[:2] if cfg.send_predictions else (None, None)
+        return [_entry(c.features, c.ttft_ms, c.tpot_ms, *sent)]
+    if c.tpot_ms <= 0:
+        return []
+    if cfg.feedback == "first-token":
+        return [_entry(c.features, 0.0, c.tpot_ms, None, prediction[1] if cfg.send_predictions else None)]
+    # The EPP's TPOT sample: the pod's load at the last token; no prefix score or token count.
+    row = {**c.features, **(c.finished_load or {}), "prefix_cache_score": 0.0, "num_tokens_generated": 0}
+    return [_entry(row, 0.0, c.tpot_ms, None, prediction[1])]
+
+
+def _entry(
+    row: dict[str, Any], ttft_ms: float, tpot_ms: float, sent_ttft: float | None, sent_tpot: float | None
+) -> dict[str, Any]:
+    entry = {**row, "actual_ttft_ms": ttft_ms, "actual_tpot_ms": tpot_ms}
+    if sent_ttft is not None:
+        entry["predicted_ttft_ms"] = sent_ttft
+    if sent_tpot is not None:
+        entry["predicted_tpot_ms"] = sent_tpot
+    return entry
 
 
 def simulate_first(

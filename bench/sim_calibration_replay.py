@@ -7,7 +7,8 @@ as fast as the CPU allows, on a *simulated* clock. At each arrival the routed po
 predicted by the serving path (``prediction_server.predictor.Predictor`` on the version the
 replicas would serve then, regime offsets included); the request is routed at random; completions
 are flushed every simulated second (both targets at completion, or with ``--feedback first-token``
-a TTFT-only sample at the first token), into the window and the training server's own live scorer.
+a TTFT-only sample at the first token, or ``epp`` as today's llm-d EPP fills its samples:
+``bench.accuracy_replay``), into the window and the training server's own live scorer.
 
 What the services do in wall time is mapped onto the simulated clock with ``--speed`` (simulated s
 per wall s, the evidence run's pace): the live scorer's clock (its publish interval, the version
@@ -74,7 +75,15 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     import training_server.live_scoring as live_scoring
     from bench.accuracy_evidence import sim_streams
     from bench.accuracy_naive import SlidingWindowBaseline
-    from bench.accuracy_replay import ReplayConfig, ReplayResult, record, simulate_first
+    from bench.accuracy_replay import (
+        STREAMING,
+        ReplayConfig,
+        ReplayResult,
+        completion_samples,
+        first_token_sample,
+        record,
+        simulate_first,
+    )
     from bench.accuracy_targets import judge, summarise_stream
     from bench.inprocess_training import InProcessTraining, ServiceSchedule
     from shared.artifacts import MODEL_NAMES, base_margin
@@ -84,11 +93,18 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     clock = SimClock(args.speed)
     live_scoring.time = types.SimpleNamespace(time=clock.time, monotonic=clock.monotonic)  # type: ignore[attr-defined]
     cluster = scenario.cluster(seed)
-    streaming = args.feedback == "first-token"
+    streaming = args.feedback in STREAMING
     if streaming:
         cluster.record_first_tokens()
     rng = random.Random(seed)
-    result = ReplayResult(ReplayConfig(pods=scenario.pods, duration_s=scenario.duration_s, seed=seed))
+    cfg = ReplayConfig(
+        pods=scenario.pods,
+        duration_s=scenario.duration_s,
+        seed=seed,
+        feedback=args.feedback,
+        send_predictions=args.send_predictions,
+    )
+    result = ReplayResult(cfg)
     pending_events = sorted(scenario.events(), key=lambda e: e[0])
     with tempfile.TemporaryDirectory() as tmp:
         training = InProcessTraining(Path(tmp), args.quantile, **args.overrides)
@@ -138,24 +154,19 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                 columns.append((m, np.stack([trees[k], base_margin(features, spec), calibration, regime], 1)))
             return [{m: tuple(table[i].tolist()) for m, table in columns} for i in range(len(features))]
 
-        def sample(features: dict[str, Any], ttft: float, tpot: float) -> None:
-            buffer.append({**features, "actual_ttft_ms": ttft, "actual_tpot_ms": tpot})
-
         def complete(done: list[Any]) -> None:
-            if any(c.request.request_id not in asked for c in done):
+            if any(c.request.request_id not in asked for c in done) or streaming:
                 predict_routed()  # routed since the last flush, by the version serving then
             if streaming:
                 for f in cluster.take_first_tokens():
-                    sample(f.features, f.ttft_ms, 0.0)
+                    buffer.append(first_token_sample(f, asked[f.request.request_id], cfg))
             for c in done:
-                record(result, c, asked.pop(c.request.request_id))
+                prediction = asked.pop(c.request.request_id)
+                record(result, c, prediction)
                 completed.append(c.request.request_id)
                 if args.decompose:
                     decomposed.append(parts.pop(c.request.request_id))
-                if not streaming:
-                    sample(c.features, c.ttft_ms, c.tpot_ms)
-                elif c.tpot_ms > 0:
-                    sample(c.features, 0.0, c.tpot_ms)
+                buffer.extend(completion_samples(c, prediction, cfg))
 
         def flush(t: float) -> None:
             clock.now_s = t
@@ -325,7 +336,15 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="wall s every retrain takes (default: as measured; fixed, two runs give the same figures)",
     )
-    parser.add_argument("--feedback", choices=("completion", "first-token", "arrival"), default="completion")
+    # bench.accuracy_replay.FEEDBACKS, not imported: it would load this checkout's services before --code's
+    parser.add_argument(
+        "--feedback", choices=("completion", "first-token", "epp", "arrival"), default="completion"
+    )
+    parser.add_argument(
+        "--send-predictions",
+        action="store_true",
+        help="samples carry predicted_ttft_ms / predicted_tpot_ms (--feedback epp: always)",
+    )
     parser.add_argument("--timeline", action="store_true", help="also print coverage per 10 s")
     parser.add_argument(
         "--naive",

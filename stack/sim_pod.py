@@ -75,6 +75,9 @@ class Completion:
     tpot_ms: float  # 0.0 means "no TPOT" (output_tokens <= 1)
     finished_s: float
     preemptions: int = 0
+    # The pod's load when the request finished (its KV cache use, waiting and running requests, the
+    # request itself gone): what llm-d's EPP puts in a TPOT sample, its metrics refreshed at each token.
+    finished_load: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,8 +325,15 @@ class SimPod:
         assert seq.first_token_s is not None
         ttft_ms = self._ttft_ms(seq)
         tpot_ms = (t_s - seq.first_token_s) * 1e3 / (req.output_tokens - 1) if req.output_tokens > 1 else 0.0
+        load = {
+            "kv_cache_percentage": self.kv_used_tokens / self.cfg.kv_capacity_tokens,
+            "num_request_waiting": len(self._waiting),
+            "num_request_running": len(self._running),
+        }
         out.append(
-            Completion(req, self.index, seq.routed_at_s, seq.row, ttft_ms, tpot_ms, t_s, seq.preemptions)
+            Completion(
+                req, self.index, seq.routed_at_s, seq.row, ttft_ms, tpot_ms, t_s, seq.preemptions, load
+            )
         )
 
     def _ttft_ms(self, seq: _Seq) -> float:

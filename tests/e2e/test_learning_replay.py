@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from bench.accuracy_metrics import Scored, dimension_bins, summarise
-from bench.accuracy_replay import Feedback, ReplayConfig, replay
+from bench.accuracy_replay import STREAMING, Feedback, ReplayConfig, replay
 from tests.procs import get_json, start_service
 from training_server.window import stratum_ids
 
@@ -31,13 +31,14 @@ QUANTILE = 0.9
 TRAINING_FLAGS = ["--min-new-samples", "1000", "--retrain-interval-s", "5", "--retrain-min-gap-s", "1"]
 
 
-@pytest.mark.parametrize("feedback", ["completion", "first-token", "arrival"])
+@pytest.mark.parametrize("feedback", ["completion", "first-token", "epp", "arrival"])
 def test_both_models_beat_the_best_constant_on_requests_they_had_not_seen(
     tmp_path: Path, feedback: Feedback
 ) -> None:
     """Also with llm-d's streaming feedback (a TTFT-only sample at each first token and a
-    TPOT-only one at completion, each sent exactly once), and replaying a simulated record in
-    arrival order (each request's sample right after its prediction)."""
+    TPOT-only one at completion, each sent exactly once; with ``epp`` each carries the prediction it
+    was routed on and the TPOT sample the pod's load at the last token), and replaying a simulated
+    record in arrival order (each request's sample right after its prediction)."""
     data_dir, logs = tmp_path / "data", tmp_path / "logs"
     with start_service(
         "training_server", ["--data-dir", str(data_dir), *TRAINING_FLAGS], log_dir=logs
@@ -49,7 +50,7 @@ def test_both_models_beat_the_best_constant_on_requests_they_had_not_seen(
         accepted = get_json(training.url + "/status")["intake"]["accepted_samples"]
     n = len(result.rows)
     with_tpot = int(np.count_nonzero(result.array("actual_tpot_ms") > 0))
-    assert result.samples_sent == accepted == (n + with_tpot if feedback == "first-token" else n)
+    assert result.samples_sent == accepted == (n + with_tpot if feedback in STREAMING else n)
     if feedback == "arrival":  # predicted, and so recorded, in arrival order
         assert np.all(np.diff(result.array("routed_at_s")) >= 0)
     for model in ("ttft", "tpot"):

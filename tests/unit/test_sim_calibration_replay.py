@@ -17,6 +17,7 @@ def _args(naive: bool) -> argparse.Namespace:
         pickup_s=0.2,
         train_s=0.4,
         feedback="completion",
+        send_predictions=False,
         naive=naive,
         decompose=None,
         quantile=0.9,
