@@ -155,11 +155,11 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             return [{m: tuple(table[i].tolist()) for m, table in columns} for i in range(len(features))]
 
         def complete(done: list[Any]) -> None:
-            if any(c.request.request_id not in asked for c in done) or streaming:
+            firsts = cluster.take_first_tokens() if streaming else []
+            if any(x.request.request_id not in asked for x in [*firsts, *done]):
                 predict_routed()  # routed since the last flush, by the version serving then
-            if streaming:
-                for f in cluster.take_first_tokens():
-                    buffer.append(first_token_sample(f, asked[f.request.request_id], cfg))
+            for f in firsts:  # first tokens come before their own completions
+                buffer.append(first_token_sample(f, asked[f.request.request_id], cfg))
             for c in done:
                 prediction = asked.pop(c.request.request_id)
                 record(result, c, prediction)
