@@ -39,7 +39,7 @@ from bench.accuracy_doc import markdown, markers, write_block  # noqa: E402
 from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline  # noqa: E402
 from bench.accuracy_plot import reliability_grid, step_timelines  # noqa: E402
-from bench.accuracy_replay import FEEDBACKS, ReplayConfig, ReplayResult, replay_stream  # noqa: E402
+from bench.accuracy_replay import FEEDBACKS, ReplayResult, replay_stream  # noqa: E402
 from bench.accuracy_steps import Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, judge, summarise_stream  # noqa: E402
 from bench.accuracy_trace import DEFAULT_DIR, TRACES, TraceResult, load_trace, replay_trace  # noqa: E402
@@ -165,14 +165,7 @@ def run_trace(name: str, args: argparse.Namespace, workdir: Path, out: dict[str,
 
 
 def run_scenario(scenario: Scenario, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    cfg = ReplayConfig(
-        pods=scenario.pods,
-        duration_s=scenario.duration_s,
-        seed=seed,
-        speed=args.sim_speed,
-        send_predictions=args.send_predictions,
-        feedback=args.feedback,
-    )
+    cfg = scenario.replay_config(seed, args.feedback, args.send_predictions, args.sim_speed)
     with Servers(workdir / f"{scenario.name}-{seed}", args.services_root, args.training_flag) as servers:
         baseline = SlidingWindowBaseline(args.quantile)
         result = replay_stream(

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.accuracy_replay import Event
+from bench.accuracy_replay import Event, Feedback, ReplayConfig
 from stack.simulator import Cluster, PodConfig, SimRequest, Workload, WorkloadConfig
 
 PODS = 4
@@ -82,6 +82,20 @@ class Scenario:
 
     def cluster(self, seed: int) -> Cluster:
         return Cluster([PodConfig() for _ in range(self.pods)], seed=seed)
+
+    def replay_config(
+        self, seed: int, feedback: Feedback, send_predictions: bool, speed: float
+    ) -> ReplayConfig:
+        """How ``bench.accuracy_replay`` replays this scenario's ``seed``: its pods and duration, fed
+        back under ``feedback`` at ``speed`` simulated s per wall s."""
+        return ReplayConfig(
+            pods=self.pods,
+            duration_s=self.duration_s,
+            seed=seed,
+            speed=speed,
+            feedback=feedback,
+            send_predictions=send_predictions,
+        )
 
     def events(self) -> list[Event]:
         return [(at, _slow(factor)) for at, factor in self.slowdowns]

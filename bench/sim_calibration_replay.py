@@ -77,7 +77,6 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     from bench.accuracy_naive import SlidingWindowBaseline
     from bench.accuracy_replay import (
         STREAMING,
-        ReplayConfig,
         ReplayResult,
         completion_samples,
         first_token_sample,
@@ -97,13 +96,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     if streaming:
         cluster.record_first_tokens()
     rng = random.Random(seed)
-    cfg = ReplayConfig(
-        pods=scenario.pods,
-        duration_s=scenario.duration_s,
-        seed=seed,
-        feedback=args.feedback,
-        send_predictions=args.send_predictions,
-    )
+    cfg = scenario.replay_config(seed, args.feedback, args.send_predictions, args.speed)
     result = ReplayResult(cfg)
     pending_events = sorted(scenario.events(), key=lambda e: e[0])
     with tempfile.TemporaryDirectory() as tmp:
