@@ -76,6 +76,11 @@ class ReplayConfig:
     send_predictions: bool = False  # add predicted_ttft_ms / predicted_tpot_ms to each sample (wire 1)
     feedback: Feedback = "completion"
 
+    @property
+    def sends_predictions(self) -> bool:
+        """Whether samples carry the prediction they were routed on (today's EPP always sends it)."""
+        return self.send_predictions or self.feedback == "epp"
+
 
 @dataclass
 class ReplayResult:
@@ -233,24 +238,22 @@ def replay_stream(
 def first_token_sample(f: FirstToken, prediction: tuple[float, ...], cfg: ReplayConfig) -> dict[str, Any]:
     """The TTFT-only sample a streaming scheduler posts at ``f``'s first token (``cfg.feedback`` in
     ``STREAMING``); ``prediction`` is the request's (TTFT, TPOT, ...) as it was routed."""
-    sent = cfg.feedback == "epp" or cfg.send_predictions
-    return _entry(f.features, f.ttft_ms, 0.0, prediction[0] if sent else None, None)
+    return _entry(f.features, f.ttft_ms, 0.0, prediction[0] if cfg.sends_predictions else None, None)
 
 
 def completion_samples(
     c: Completion, prediction: tuple[float, ...], cfg: ReplayConfig
 ) -> list[dict[str, Any]]:
     """What the scheduler posts once ``c`` completed, under ``cfg.feedback`` (see ``Feedback``)."""
+    ttft, tpot = prediction[:2] if cfg.sends_predictions else (None, None)
     if cfg.feedback not in STREAMING:
-        sent = prediction[:2] if cfg.send_predictions else (None, None)
-        return [_entry(c.features, c.ttft_ms, c.tpot_ms, *sent)]
+        return [_entry(c.features, c.ttft_ms, c.tpot_ms, ttft, tpot)]
     if c.tpot_ms <= 0:
         return []
-    if cfg.feedback == "first-token":
-        return [_entry(c.features, 0.0, c.tpot_ms, None, prediction[1] if cfg.send_predictions else None)]
-    # The EPP's TPOT sample: the pod's load at the last token; no prefix score or token count.
-    row = {**c.features, **(c.finished_load or {}), "prefix_cache_score": 0.0, "num_tokens_generated": 0}
-    return [_entry(row, 0.0, c.tpot_ms, None, prediction[1])]
+    row = c.features
+    if cfg.feedback == "epp":  # the EPP's TPOT sample: the pod's load at the last token, no prefix score
+        row = {**row, **(c.finished_load or {}), "prefix_cache_score": 0.0, "num_tokens_generated": 0}
+    return [_entry(row, 0.0, c.tpot_ms, None, tpot)]
 
 
 def _entry(

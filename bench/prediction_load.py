@@ -136,7 +136,7 @@ def publish_benchmark_model(store: ModelStore, rounds: int, depth: int, form: st
         if form == "served":
             baselines[name] = widest_baseline(name, features, latency, 0.9)
             offsets[name] = 0.05
-            regimes[name] = calibration_offsets(rng)
+            regimes[name] = random_regime_offsets(rng)
         else:
             work = WORK_FEATURES[name]
             baselines[name] = {
@@ -160,7 +160,7 @@ def publish_benchmark_model(store: ModelStore, rounds: int, depth: int, form: st
     ).version
 
 
-def calibration_offsets(rng: np.random.Generator) -> RegimeOffsets:
+def random_regime_offsets(rng: np.random.Generator) -> RegimeOffsets:
     """Regime offsets of the size the live scorer publishes (``DEFAULT_SCHEME``), random values."""
     return RegimeOffsets.of(DEFAULT_SCHEME, np.round(rng.uniform(-0.1, 0.3, DEFAULT_SCHEME.size), 6))
 
@@ -191,7 +191,7 @@ class CalibrationChurn:
         while not stop.wait(self.every_s):
             current = self.store.current_version()
             assert current is not None
-            offsets = {name: calibration_offsets(self._rng) for name in MODEL_NAMES}
+            offsets = {name: random_regime_offsets(self._rng) for name in MODEL_NAMES}
             if self.store.publish_calibrated(current, offsets, {}) is not None:
                 self.published += 1
 
@@ -561,7 +561,7 @@ def main() -> None:
             servers.append(Server(name, [*command, "--log-level", "warning"], port, log, code))
             return settled_status(servers[-1])
 
-        for first, size in enumerate(args.sizes.split(",")):
+        for index, size in enumerate(args.sizes.split(",")):
             trees, depth = (int(v) for v in size.split("x"))
             for form in forms:
                 name = f"ours-{size}" if form == "served" else f"ours-{size}-{form}"
@@ -569,7 +569,7 @@ def main() -> None:
                 version = publish_benchmark_model(store, trees, depth, form)
                 status = start(name, store)
                 print(f"{name}: version {version}, evaluator {status['evaluator']}", flush=True)
-                if first:
+                if index > 0:  # base- and churn- serve the first size only
                     continue
                 if args.baseline_code and form == forms[0]:
                     status = start(f"base-{size}", store, args.baseline_code)
