@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sim-speed", type=float, help="simulated s per wall s (default 5; --quick 10)")
     parser.add_argument("--seeds", type=int, nargs="*", help="simulator seeds (default 0 1; --quick 0)")
     parser.add_argument(
-        "--scenarios", nargs="*", help="scenario names (default: #9's three; overload-twice by name)"
+        "--scenarios", nargs="*", help="scenario names (default: #9's three; the others by name)"
     )
     parser.add_argument("--quantile", type=float, default=0.9, help="the servers' default quantile")
     parser.add_argument("--training-flag", action="append", default=[], help="extra training-server flag")

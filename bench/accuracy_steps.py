@@ -16,6 +16,12 @@ Asked for by name only (``--scenarios``), not part of #9's evidence:
 
 - ``overload-twice``: the overload, 90 s back at 20 requests/s, then the same overload again, as a
   production trace has several episodes (the window keeps the first one's samples in their strata).
+- ``episodes``: a production-like day in miniature on 6 pods instead of 4: bursty traffic at 30
+  requests/s with four overload episodes of different heights and lengths (75, 90, 70 and 85
+  requests/s for 45, 30, 60 and 20 s), the third and fourth with 15 % long prompts (median 6,000
+  tokens) mixed in from the second calm spell on. Different pods, rates, lengths and mix from the
+  three step scenarios the defaults were judged on, so it checks them on a workload they were not
+  tuned to.
 """
 
 from __future__ import annotations
@@ -112,19 +118,38 @@ def _slow(factor: float) -> Any:
 def _describe(overrides: dict[str, Any]) -> str:
     if "prompt_median_tokens" in overrides:
         return f"prompts median {overrides['prompt_median_tokens']:g} tokens"
-    return f"{overrides.get('rate_rps', BASE_RPS):g} req/s"
+    rate = f"{overrides.get('rate_rps', BASE_RPS):g} req/s"
+    share = overrides.get("long_prompt_share")
+    return rate if share is None else f"{rate}, {share:.0%} long prompts"
 
 
 def scenarios(warmup_s: float = 180.0, after_s: float = 150.0, *, extra: bool = False) -> list[Scenario]:
     """The three scenarios: ``warmup_s`` of steady traffic, then the change(s), then ``after_s``;
-    with ``extra``, also those asked for by name only (``overload-twice``)."""
+    with ``extra``, also those asked for by name only (``overload-twice``, ``episodes``)."""
     overload = ((60.0, {"rate_rps": 60.0, "burstiness": 0.0}), (after_s, {"rate_rps": BASE_RPS}))
     twice = (*overload[:1], (90.0, {"rate_rps": BASE_RPS}), *overload)
+    calm = {"rate_rps": 30.0}
+    mixed = {"rate_rps": 30.0, "long_prompt_share": 0.15}
+    episodes = (
+        (warmup_s, calm),
+        (45.0, {"rate_rps": 75.0, "burstiness": 0.0}),
+        (90.0, calm),
+        (30.0, {"rate_rps": 90.0, "burstiness": 0.0}),
+        (90.0, mixed),
+        (60.0, {**mixed, "rate_rps": 70.0, "burstiness": 0.0}),
+        (90.0, mixed),
+        (20.0, {**mixed, "rate_rps": 85.0, "burstiness": 0.0}),
+        (after_s, mixed),
+    )
     return [
         Scenario("overload", ((warmup_s, {}), *overload)),
         Scenario("prompts", ((warmup_s, {}), (after_s, {"prompt_median_tokens": 2000.0}))),
         Scenario("slow-pool", ((warmup_s + after_s, {}),), slowdowns=((warmup_s, 3.0),)),
-    ] + ([Scenario("overload-twice", ((warmup_s, {}), *twice))] if extra else [])
+    ] + (
+        [Scenario("overload-twice", ((warmup_s, {}), *twice)), Scenario("episodes", episodes, pods=6)]
+        if extra
+        else []
+    )
 
 
 def selected(names: list[str] | None, warmup_s: float = 180.0, after_s: float = 150.0) -> list[Scenario]:

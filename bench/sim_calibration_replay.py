@@ -319,7 +319,7 @@ def describe(name: str, model: str, r: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--scenarios", nargs="+", help="default: #9's three of bench.accuracy_steps (overload-twice by name)"
+        "--scenarios", nargs="+", help="default: #9's three of bench.accuracy_steps (the others by name)"
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--speed", type=float, default=5.0, help="simulated s per wall s of the services")

@@ -61,8 +61,8 @@ def test_scenarios_change_at_the_stated_times_with_time_ordered_unique_requests(
 
 def test_the_overload_twice_comes_only_by_name_and_repeats_the_overload() -> None:
     assert [s.name for s in scenarios()] == ["overload", "prompts", "slow-pool"]
-    twice = scenarios(60.0, 30.0, extra=True)[-1]
-    assert twice.name == "overload-twice" and twice.duration_s == 60 + 60 + 90 + 60 + 30
+    (twice,) = selected(["overload-twice"], 60.0, 30.0)
+    assert twice.duration_s == 60 + 60 + 90 + 60 + 30
     assert [(name, at) for name, at, _ in twice.steps()] == [
         ("60 req/s", 60.0),
         ("20 req/s", 120.0),
@@ -73,6 +73,28 @@ def test_the_overload_twice_comes_only_by_name_and_repeats_the_overload() -> Non
     arrivals = np.array([r.arrival_s for r in twice.requests(seed=3)])
     first, second = ((arrivals >= a) & (arrivals < a + 60) for a in (60, 210))
     assert second.sum() > 0.8 * first.sum() and second.sum() > 2 * (arrivals < 60).sum()
+
+
+def test_the_episodes_run_six_pods_through_four_overloads_of_their_own_heights_and_a_new_prompt_mix() -> None:
+    (episodes,) = selected(["episodes"])
+    assert episodes.pods == 6 and len(episodes.cluster(seed=1).pods) == 6
+    steps = episodes.steps()
+    assert [name for name, _, _ in steps[1::2]] == ["30 req/s"] + ["30 req/s, 15% long prompts"] * 3
+    peaks = [(name, end - at) for name, at, end in steps[0::2]]
+    assert peaks == [
+        ("75 req/s", 45.0),
+        ("90 req/s", 30.0),
+        ("70 req/s, 15% long prompts", 60.0),
+        ("85 req/s, 15% long prompts", 20.0),
+    ]
+    requests = list(episodes.requests(seed=1))
+    arrivals = np.array([r.arrival_s for r in requests])
+    for name, at, end in steps[0::2]:  # each overload is real: far above the calm rate
+        assert ((arrivals >= at) & (arrivals < end)).sum() / (end - at) > 2 * (arrivals < 180).sum() / 180, (
+            name
+        )
+    long = np.array([r.prompt_tokens > 4000 for r in requests])
+    assert long[arrivals >= steps[2][1]].mean() > 3 * long[arrivals < steps[2][1]].mean()  # the new mix
 
 
 def _entries(n: int, rng: np.random.Generator) -> list[dict[str, float]]:
