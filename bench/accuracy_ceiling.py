@@ -138,12 +138,12 @@ def summaries(scenario: Scenario, seed: int, quantile: float) -> dict[str, dict[
     stage = np.array([scenario.phase(t) for t in routed.tolist()], dtype=object)
     waiting = np.array([c.features["num_request_waiting"] for c in done], float)
     bins = dimension_bins(parse_rows([c.features for c in done]))["waiting"]
+    trained = np.ones(len(done), bool)  # no prior: every reference is a fitted model
     out: dict[str, dict[str, Any]] = {}
     for col, m in enumerate(MODELS):
         actual = np.array([getattr(c, f"{m}_ms") for c in done])
         keep = (actual > 0) & ~np.isnan(naive[:, col]) & (routed >= SKIP_S)
         out[m] = {}
-        trained = np.ones(len(done), bool)
         for name, predicted in refs.items():
             stream = Stream(routed, stage, waiting, bins, predicted[:, col], naive[:, col], actual, trained)
             out[m][name] = summarise_stream(stream.subset(keep), quantile)
