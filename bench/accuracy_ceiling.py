@@ -26,7 +26,6 @@ stream (its naive baseline's pinball matches this one's to within the flush timi
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline, fit_quantile_trees  # noqa: E402
-from bench.accuracy_replay import simulate_first  # noqa: E402
+from bench.accuracy_replay import chooser, simulate_first  # noqa: E402
 from bench.accuracy_steps import Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, summarise_stream  # noqa: E402
 from shared.features import build_features  # noqa: E402
@@ -53,11 +52,10 @@ REFERENCES = ("other seed", "in sample", "in sample + arrivals")
 def simulate(scenario: Scenario, seed: int) -> list[Completion]:
     """Every request of ``scenario``'s ``seed``, routed at random as the evidence routes it, in
     arrival order."""
-    rng = random.Random(seed)
     done = simulate_first(
         scenario.requests(seed),
         scenario.cluster(seed),
-        lambda req, rows: rng.randrange(len(rows)),
+        chooser("random", seed),
         sorted(scenario.events(), key=lambda e: e[0]),
     )
     return [c for c, _ in done]

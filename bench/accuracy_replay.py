@@ -146,7 +146,7 @@ def replay_stream(
     baseline: SlidingWindowBaseline | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` (time-ordered) on ``cluster``; ``cfg`` gives the pace, flush period and routing."""
-    choose = _chooser(cfg.routing, cfg.seed)
+    choose = chooser(cfg.routing, cfg.seed)
     result = ReplayResult(cfg)
     asked: dict[int, tuple[float, float, str, dict[str, str]]] = {}
     routed: list[tuple[int, dict[str, Any]]] = []  # routed since the last flush (for the baseline)
@@ -290,7 +290,9 @@ def simulate_first(
     return [(c, candidates.pop(c.request.request_id)) for c in done]
 
 
-def _chooser(routing: Routing, seed: int) -> Callable[[SimRequest, list[dict[str, Any]]], int]:
+def chooser(routing: Routing, seed: int) -> Callable[[SimRequest, list[dict[str, Any]]], int]:
+    """The pod index a request goes to, from its candidate rows: seeded at random (the evidence's
+    routing, which does not depend on the predictions), or round-robin by request id."""
     if routing == "round-robin":
         return lambda req, rows: req.request_id % len(rows)
     rng = random.Random(seed)

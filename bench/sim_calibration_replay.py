@@ -70,14 +70,13 @@ class SimClock:
 
 
 def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    import random
-
     import training_server.live_scoring as live_scoring
     from bench.accuracy_evidence import sim_streams
     from bench.accuracy_naive import SlidingWindowBaseline
     from bench.accuracy_replay import (
         STREAMING,
         ReplayResult,
+        chooser,
         completion_samples,
         first_token_sample,
         record,
@@ -95,7 +94,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     streaming = args.feedback in STREAMING
     if streaming:
         cluster.record_first_tokens()
-    rng = random.Random(seed)
+    choose = chooser("random", seed)
     cfg = scenario.replay_config(seed, args.feedback, args.send_predictions, args.speed)
     result = ReplayResult(cfg)
     pending_events = sorted(scenario.events(), key=lambda e: e[0])
@@ -184,9 +183,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
             # Simulated first (the routing is random, so it does not depend on the predictions),
             # then replayed in arrival order, each request's sample sent at the flush after it was
             # predicted: the protocol of a replay of recorded requests (and of the trace replays).
-            done = simulate_first(
-                scenario.requests(seed), cluster, lambda req, rows: rng.randrange(len(rows)), pending_events
-            )
+            done = simulate_first(scenario.requests(seed), cluster, choose, pending_events)
             for c, _ in done:
                 while next_flush <= c.routed_at_s:
                     flush(next_flush)
@@ -206,7 +203,7 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                 next_flush += 1.0
             complete(cluster.advance_to(req.arrival_s))
             rows = cluster.candidate_rows(req)
-            pod = rng.randrange(len(rows))
+            pod = choose(req, rows)
             arrivals.append((req.request_id, rows[pod]))
             cluster.route(req, pod)
         if args.feedback != "arrival":
