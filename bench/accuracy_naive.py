@@ -34,6 +34,7 @@ class SlidingWindowBaseline:
         self, quantile: float = 0.9, window: int = 10_000, retrain_every: int = 1_000, rounds: int = 150
     ) -> None:
         self.quantile = quantile
+        self.window = window
         self.retrain_every = retrain_every
         self.rounds = rounds
         self._rows: deque[dict[str, Any]] = deque(maxlen=window)

@@ -32,7 +32,11 @@ was routed, each flush learnt after the services got it. ``--timeline`` adds cov
 ``--decompose SECONDS`` adds, per that many simulated seconds, where the served margin came from:
 the medians of log1p(actual), of the work-ahead baseline, the trees, the trainer's calibration
 offset and the regime offset, and of what is left, with the pods' state (a miss at a burst's onset
-shows as a positive residual).
+shows as a positive residual). ``--history`` starts both predictors from history instead of cold:
+a whole replay of the same scenario with the next seed is loaded into the window first (as
+``python -m training_server import-trace --data-dir`` loads a recorded trace: not scored), ending
+60 simulated s before the replay, the service's first retrain runs on it, and the naive baseline
+gets its newest 10,000 samples: what each reaches once it has seen the workload's regimes.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_calibration_replay.py [--code CHECKOUT]
 """
@@ -177,6 +181,8 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
                 buffer.clear()
             schedule.after_flush(t, new, clock.time())
 
+        if args.history:
+            history(scenario, seed + 1, training, schedule, baseline, clock.time())
         held: list[Any] = []
         next_flush = 1.0
         if args.feedback == "arrival":
@@ -226,6 +232,32 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         if args.decompose:
             out[m]["decomposition"] = decomposition(result, decomposed, m, args.decompose)
     return out
+
+
+HISTORY_GAP_S = 60.0  # simulated s between the end of the history and the start of the replay
+
+
+def history(
+    scenario: Any, seed: int, training: Any, schedule: Any, baseline: Any, start_epoch_s: float
+) -> None:
+    """``--history``: a whole replay of ``scenario`` with ``seed``, its completed requests in the window
+    (as ``python -m training_server import-trace --data-dir`` loads a recorded trace: into the window
+    only, not scored), ending ``HISTORY_GAP_S`` before ``start_epoch_s``; then the retrain the service
+    starts with a restored window; the naive baseline gets the same samples (it keeps its window's newest)."""
+    from bench.accuracy_ceiling import simulate
+    from bench.accuracy_replay import ReplayConfig, completion_samples
+    from shared.schemas import parse_training_entries
+
+    done = sorted(simulate(scenario, seed), key=lambda c: c.finished_s)
+    recorded = ReplayConfig()  # both targets at completion, no predictions: a recorded trace's entries
+    entries = [entry for c in done for entry in completion_samples(c, (), recorded)]
+    end_s = done[-1].finished_s
+    stamps = np.array([start_epoch_s - HISTORY_GAP_S - (end_s - c.finished_s) for c in done])
+    columns, _ = parse_training_entries(entries, now_s=start_epoch_s)
+    training.window.insert(columns, stamps)
+    schedule.after_flush(0.0, len(entries), start_epoch_s)
+    if baseline is not None:
+        baseline.learn(entries[-baseline.window :])  # it keeps no more
 
 
 def decomposition(
@@ -348,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help="also print, per this many simulated s, the medians of the served margin's parts "
         "(baseline, trees, calibration, regime offset) against log1p(actual), and the pods' state",
+    )
+    parser.add_argument(
+        "--history",
+        action="store_true",
+        help="start from history: a whole replay of the same scenario with the next seed in the window "
+        "(as import-trace loads a recorded trace) and in the naive baseline's, ending 60 s before the replay",
     )
     parser.add_argument("--json", type=Path)
     add_arguments(parser, "calibration_step_ttft=0.1")
