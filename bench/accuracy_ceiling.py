@@ -37,7 +37,6 @@ sys.path.insert(0, str(REPO))
 
 from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline, fit_quantile_trees  # noqa: E402
-from bench.accuracy_replay import chooser, simulate_first  # noqa: E402
 from bench.accuracy_steps import Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, summarise_stream  # noqa: E402
 from shared.features import build_features  # noqa: E402
@@ -47,18 +46,6 @@ from stack.sim_pod import Completion  # noqa: E402
 MODELS = ("ttft", "tpot")
 SKIP_S = 60.0  # the first minute: the naive baseline's first fit, and ours, come during it
 REFERENCES = ("other seed", "in sample", "in sample + arrivals")
-
-
-def simulate(scenario: Scenario, seed: int) -> list[Completion]:
-    """Every request of ``scenario``'s ``seed``, routed at random as the evidence routes it, in
-    arrival order."""
-    done = simulate_first(
-        scenario.requests(seed),
-        scenario.cluster(seed),
-        chooser("random", seed),
-        sorted(scenario.events(), key=lambda e: e[0]),
-    )
-    return [c for c, _ in done]
 
 
 def naive_online(done: list[Completion], quantile: float) -> np.ndarray:
@@ -110,8 +97,8 @@ def references(
     scenario: Scenario, seed: int, quantile: float
 ) -> tuple[list[Completion], np.ndarray, dict[str, np.ndarray]]:
     """``seed``'s requests, the naive baseline's answers, and each reference's ((rows, 2) TTFT, TPOT)."""
-    done = simulate(scenario, seed)
-    other = simulate(scenario, seed + 1)
+    done = scenario.simulate(seed)
+    other = scenario.simulate(seed + 1)
     x = build_features(parse_rows([c.features for c in done]))
     x_other = build_features(parse_rows([c.features for c in other]))
     x_arrivals = np.hstack([x, arrivals_while_decoding(done)]).astype(np.float32)

@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bench.accuracy_replay import Event, Feedback, ReplayConfig
-from stack.simulator import Cluster, PodConfig, SimRequest, Workload, WorkloadConfig
+from bench.accuracy_replay import Event, Feedback, ReplayConfig, chooser, completion_samples, simulate_first
+from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
 
 PODS = 4
 BASE_RPS = 20.0
@@ -105,6 +105,24 @@ class Scenario:
 
     def events(self) -> list[Event]:
         return [(at, _slow(factor)) for at, factor in self.slowdowns]
+
+    def simulate(self, seed: int) -> list[Completion]:
+        """Every request of ``seed``, routed at random as the evidence routes it, run to completion;
+        in arrival order."""
+        done = simulate_first(
+            self.requests(seed),
+            self.cluster(seed),
+            chooser("random", seed),
+            sorted(self.events(), key=lambda e: e[0]),
+        )
+        return [c for c, _ in done]
+
+    def recorded(self, seed: int) -> tuple[list[dict[str, Any]], list[float]]:
+        """``seed``'s replay as a recorded trace holds it: each completed request's training entry (both
+        targets, no prediction), in completion order, and its completion time (simulated s)."""
+        done = sorted(self.simulate(seed), key=lambda c: c.finished_s)
+        entries = [entry for c in done for entry in completion_samples(c, (), ReplayConfig())]
+        return entries, [c.finished_s for c in done]
 
 
 def _slow(factor: float) -> Any:

@@ -244,15 +244,10 @@ def history(
     (as ``python -m training_server import-trace --data-dir`` loads a recorded trace: into the window
     only, not scored), ending ``HISTORY_GAP_S`` before ``start_epoch_s``; then the retrain the service
     starts with a restored window; the naive baseline gets the same samples (it keeps its window's newest)."""
-    from bench.accuracy_ceiling import simulate
-    from bench.accuracy_replay import ReplayConfig, completion_samples
     from shared.schemas import parse_training_entries
 
-    done = sorted(simulate(scenario, seed), key=lambda c: c.finished_s)
-    recorded = ReplayConfig()  # both targets at completion, no predictions: a recorded trace's entries
-    entries = [entry for c in done for entry in completion_samples(c, (), recorded)]
-    end_s = done[-1].finished_s
-    stamps = np.array([start_epoch_s - HISTORY_GAP_S - (end_s - c.finished_s) for c in done])
+    entries, finished_s = scenario.recorded(seed)
+    stamps = start_epoch_s - HISTORY_GAP_S - (finished_s[-1] - np.array(finished_s))
     columns, _ = parse_training_entries(entries, now_s=start_epoch_s)
     training.window.insert(columns, stamps)
     schedule.after_flush(0.0, len(entries), start_epoch_s)
