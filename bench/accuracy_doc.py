@@ -58,6 +58,13 @@ def markdown(
             "recorded requests)."
             if args.feedback == "arrival"
             else "once it completed (TTFT and TPOT together)."
+        )
+        + (
+            " Each simulator replay starts from history: the same scenario's replay with the next seed, "
+            "loaded with `python -m training_server import-trace` before its servers start, and given to "
+            "the naive baseline."
+            if args.history
+            else ""
         ),
         "",
         "```",

@@ -19,7 +19,9 @@ targets (``bench.accuracy_targets``):
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,11 +42,12 @@ from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline  # noqa: E402
 from bench.accuracy_plot import reliability_grid, step_timelines  # noqa: E402
 from bench.accuracy_replay import FEEDBACKS, ReplayResult, replay_stream  # noqa: E402
-from bench.accuracy_steps import Scenario, selected  # noqa: E402
+from bench.accuracy_steps import HISTORY_GAP_S, Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, judge, summarise_stream  # noqa: E402
 from bench.accuracy_trace import DEFAULT_DIR, TRACES, TraceResult, load_trace, replay_trace  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
 from tests.procs import start_service  # noqa: E402
+from training_server.import_trace import rfc3339  # noqa: E402
 
 MODELS = ("ttft", "tpot")
 
@@ -164,10 +167,41 @@ def run_trace(name: str, args: argparse.Namespace, workdir: Path, out: dict[str,
     )
 
 
+def import_history(
+    scenario: Scenario, seed: int, args: argparse.Namespace, data_dir: Path
+) -> list[dict[str, Any]]:
+    """``--history``: ``scenario``'s replay with ``seed`` as a recorded trace (JSON lines, timed at the
+    replay's pace, ending ``HISTORY_GAP_S`` simulated s from now), loaded into ``data_dir`` by the
+    training server's own ``import-trace`` command before the server starts there. Its entries."""
+    entries, finished_s = scenario.recorded(seed)
+    now, speed = time.time(), args.sim_speed
+    path = data_dir / "history.jsonl"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        for entry, done_s in zip(entries, finished_s, strict=True):
+            at = now - (HISTORY_GAP_S + finished_s[-1] - done_s) / speed
+            f.write(orjson.dumps({**entry, "timestamp": rfc3339(at)}) + b"\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(args.services_root)}
+    command = [
+        sys.executable,
+        "-m",
+        "training_server",
+        "import-trace",
+        str(path),
+        "--data-dir",
+        str(data_dir),
+    ]
+    subprocess.run(command, cwd=args.services_root, env=env, check=True, capture_output=True, timeout=300)
+    return entries
+
+
 def run_scenario(scenario: Scenario, seed: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cfg = scenario.replay_config(seed, args.feedback, args.send_predictions, args.sim_speed)
-    with Servers(workdir / f"{scenario.name}-{seed}", args.services_root, args.training_flag) as servers:
+    data_dir = workdir / f"{scenario.name}-{seed}"
+    history = import_history(scenario, seed + 1, args, data_dir) if args.history else []
+    with Servers(data_dir, args.services_root, args.training_flag) as servers:
         baseline = SlidingWindowBaseline(args.quantile)
+        baseline.learn(history[-baseline.window :])  # it keeps no more
         result = replay_stream(
             scenario.requests(seed),
             scenario.cluster(seed),
@@ -211,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
         "or (epp) that with what today's EPP puts in its samples (the prediction routed on; TPOT with "
         "the pod's load at the last token), or (arrival) simulate first and post each request's "
         "samples right after its prediction (bench.accuracy_replay)",
+    )
+    parser.add_argument(
+        "--history",
+        action="store_true",
+        help="simulator: start each replay's servers (and the naive baseline) from history: the same "
+        "scenario's replay with the next seed, loaded with 'python -m training_server import-trace'",
     )
     parser.add_argument("--label", default="", help="what was measured (e.g. 'main at abc123')")
     parser.add_argument("--block", default="", help="name of the generated block and figure suffix")

@@ -38,6 +38,10 @@ PODS = 4
 BASE_RPS = 20.0
 
 
+# A history (``--history``) ends this many simulated s before the replay it comes before starts.
+HISTORY_GAP_S = 60.0
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str

@@ -234,9 +234,6 @@ def replay(scenario: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     return out
 
 
-HISTORY_GAP_S = 60.0  # simulated s between the end of the history and the start of the replay
-
-
 def history(
     scenario: Any, seed: int, training: Any, schedule: Any, baseline: Any, start_epoch_s: float
 ) -> None:
@@ -244,6 +241,7 @@ def history(
     (as ``python -m training_server import-trace --data-dir`` loads a recorded trace: into the window
     only, not scored), ending ``HISTORY_GAP_S`` before ``start_epoch_s``; then the retrain the service
     starts with a restored window; the naive baseline gets the same samples (it keeps its window's newest)."""
+    from bench.accuracy_steps import HISTORY_GAP_S
     from shared.schemas import parse_training_entries
 
     entries, finished_s = scenario.recorded(seed)
