@@ -191,7 +191,11 @@ def import_history(
         "--data-dir",
         str(data_dir),
     ]
-    subprocess.run(command, cwd=args.services_root, env=env, check=True, capture_output=True, timeout=300)
+    done = subprocess.run(
+        command, cwd=args.services_root, env=env, capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"import-trace exited with {done.returncode}: {done.stderr[-2000:]}")
     return entries
 
 
