@@ -10,7 +10,8 @@ targets (``bench.accuracy_targets``):
 - the three real traces (``bench.accuracy_trace``), at ``--trace-speed`` trace seconds per wall
   second, run concurrently (they are paced, mostly idle, and each has its own servers);
 - the simulator scenarios with step changes (``bench.accuracy_steps``) for each ``--seeds``,
-  one after the other, at ``--sim-speed`` simulated seconds per wall second, while the traces run.
+  one after the other, at ``--sim-speed`` simulated seconds per wall second, while the traces run;
+  with ``--history``, each from history instead of cold (``import_history``).
 
     .venv/bin/python bench/accuracy_evidence.py            # full run (~15 min)
     .venv/bin/python bench/accuracy_evidence.py --quick    # a few minutes, for development
