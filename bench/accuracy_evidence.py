@@ -43,7 +43,7 @@ from bench.accuracy_metrics import dimension_bins  # noqa: E402
 from bench.accuracy_naive import SlidingWindowBaseline  # noqa: E402
 from bench.accuracy_plot import reliability_grid, step_timelines  # noqa: E402
 from bench.accuracy_replay import FEEDBACKS, ReplayResult, replay_stream  # noqa: E402
-from bench.accuracy_steps import HISTORY_GAP_S, Scenario, selected  # noqa: E402
+from bench.accuracy_steps import Scenario, selected  # noqa: E402
 from bench.accuracy_targets import Stream, judge, summarise_stream  # noqa: E402
 from bench.accuracy_trace import DEFAULT_DIR, TRACES, TraceResult, load_trace, replay_trace  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
@@ -172,15 +172,13 @@ def import_history(
     scenario: Scenario, seed: int, args: argparse.Namespace, data_dir: Path
 ) -> list[dict[str, Any]]:
     """``--history``: ``scenario``'s replay with ``seed`` as a recorded trace (JSON lines, timed at the
-    replay's pace, ending ``HISTORY_GAP_S`` simulated s from now), loaded into ``data_dir`` by the
-    training server's own ``import-trace`` command before the server starts there. Its entries."""
-    entries, finished_s = scenario.recorded(seed)
-    now, speed = time.time(), args.sim_speed
+    replay's pace up to now: ``Scenario.recorded``), loaded into ``data_dir`` by the training server's
+    own ``import-trace`` command before the server starts there. Its entries."""
+    entries, stamps = scenario.recorded(seed, time.time(), args.sim_speed)
     path = data_dir / "history.jsonl"
     data_dir.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
-        for entry, done_s in zip(entries, finished_s, strict=True):
-            at = now - (HISTORY_GAP_S + finished_s[-1] - done_s) / speed
+        for entry, at in zip(entries, stamps.tolist(), strict=True):
             f.write(orjson.dumps({**entry, "timestamp": rfc3339(at)}) + b"\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(args.services_root)}
     command = [

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from bench.accuracy_replay import Event, Feedback, ReplayConfig, chooser, completion_samples, simulate_first
 from stack.simulator import Cluster, Completion, PodConfig, SimRequest, Workload, WorkloadConfig
 
@@ -121,12 +123,17 @@ class Scenario:
         )
         return [c for c, _ in done]
 
-    def recorded(self, seed: int) -> tuple[list[dict[str, Any]], list[float]]:
-        """``seed``'s replay as a recorded trace holds it: each completed request's training entry (both
-        targets, no prediction), in completion order, and its completion time (simulated s)."""
+    def recorded(
+        self, seed: int, before_s: float, speed: float = 1.0
+    ) -> tuple[list[dict[str, Any]], np.ndarray]:
+        """``seed``'s replay as a recorded trace holds it, as the history of a replay that starts at
+        ``before_s`` (epoch s): each completed request's training entry (both targets, no prediction),
+        in completion order, and its completion time on a clock that runs ``speed`` times slower than
+        simulated time (a replay's pace), the last one ``HISTORY_GAP_S`` simulated s before ``before_s``."""
         done = sorted(self.simulate(seed), key=lambda c: c.finished_s)
         entries = [entry for c in done for entry in completion_samples(c, (), ReplayConfig())]
-        return entries, [c.finished_s for c in done]
+        finished_s = np.array([c.finished_s for c in done])
+        return entries, before_s - (HISTORY_GAP_S + finished_s[-1] - finished_s) / speed
 
 
 def _slow(factor: float) -> Any:

@@ -239,13 +239,12 @@ def history(
 ) -> None:
     """``--history``: a whole replay of ``scenario`` with ``seed``, its completed requests in the window
     (as ``python -m training_server import-trace --data-dir`` loads a recorded trace: into the window
-    only, not scored), ending ``HISTORY_GAP_S`` before ``start_epoch_s``; then the retrain the service
-    starts with a restored window; the naive baseline gets the same samples (it keeps its window's newest)."""
-    from bench.accuracy_steps import HISTORY_GAP_S
+    only, not scored), timed up to ``start_epoch_s`` (``Scenario.recorded``); then the retrain the
+    service starts with a restored window; the naive baseline gets the same samples (it keeps its
+    window's newest)."""
     from shared.schemas import parse_training_entries
 
-    entries, finished_s = scenario.recorded(seed)
-    stamps = start_epoch_s - HISTORY_GAP_S - (finished_s[-1] - np.array(finished_s))
+    entries, stamps = scenario.recorded(seed, start_epoch_s)  # this clock's stamps are simulated s
     columns, _ = parse_training_entries(entries, now_s=start_epoch_s)
     training.window.insert(columns, stamps)
     schedule.after_flush(0.0, len(entries), start_epoch_s)
