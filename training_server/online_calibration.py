@@ -38,6 +38,11 @@ slower pool away from the shared part altogether). It still costs the regimes se
 bursts part of what they inherit: after a step, the velocity overshoots, and its correction leaves
 more of the change in the frequent regime's own part (a 1.1 step: 0.69-0.81 inherited instead of
 0.95-1.06).
+The shared part's level is not tied to the regimes with evidence: what it gains they give back in
+their own parts, so it may lead them all (by up to 2.4 log units after a slower pool, when the window
+already held an earlier slow spell). Only regimes without evidence are served that lead. Bounding
+it by the regimes with evidence took it away from the cold first visits to deep queue bins, which
+live off it (docs/accuracy-history.md, "The shared offset's lead over the regimes with evidence").
 A regime without samples for ``STALE_S`` (or ever) starts from its nearest regime with
 recent samples (nearest queue bin first), so a queue that grows into a new bin inherits the
 correction of the bin below.
