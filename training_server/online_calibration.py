@@ -39,7 +39,7 @@ bursts part of what they inherit: after a step, the velocity overshoots, and its
 more of the change in the frequent regime's own part (a 1.1 step: 0.69-0.81 inherited instead of
 0.95-1.06).
 The shared part's level is not tied to the regimes with evidence: what it gains they give back in
-their own parts, so it may lead them all (by up to 2.4 log units after a slower pool, when the window
+their own parts, so it may lead them all (by up to 2.1 log units after a slower pool, when the window
 already held an earlier slow spell). Only regimes without evidence are served that lead. Bounding
 it by the regimes with evidence took it away from the cold first visits to deep queue bins, which
 live off it (docs/accuracy-history.md, "The shared offset's lead over the regimes with evidence").
