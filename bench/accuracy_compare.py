@@ -89,12 +89,12 @@ def totals(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             checks = [c for r in replays for c in r["checks"][model]]
             part = f"{model.upper()} {sum(c['pass'] for c in checks)} of {len(checks)}"
             if label != first_label:
-                pairs = [
+                overall = [
                     (r["summaries"][model]["overall"], by_name[r["name"]]["summaries"][model]["overall"])
                     for r in replays
                     if r["name"] in by_name
                 ]
-                pairs = [(o, b) for o, b in pairs if o.get("samples") and b.get("samples")]
+                pairs = [(o, b) for o, b in overall if o.get("samples") and b.get("samples")]
                 lower = sum(o["pinball_ms"] < b["pinball_ms"] for o, b in pairs)
                 part += f", pinball lower than {first_label}'s on {lower} of {len(pairs)}"
             parts.append(part)

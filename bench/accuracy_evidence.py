@@ -204,7 +204,7 @@ def run_scenario(scenario: Scenario, seed: int, args: argparse.Namespace, workdi
     history = import_history(scenario, seed + 1, args, data_dir) if args.history else []
     with Servers(data_dir, args.services_root, args.training_flag) as servers:
         baseline = SlidingWindowBaseline(args.quantile)
-        baseline.learn(history[-baseline.window :])  # it keeps no more
+        baseline.learn_history(history)
         result = replay_stream(
             scenario.requests(seed),
             scenario.cluster(seed),

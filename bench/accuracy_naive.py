@@ -51,6 +51,11 @@ class SlidingWindowBaseline:
                 self._fit()
                 self._since_fit = 0
 
+    def learn_history(self, entries: Sequence[dict[str, Any]]) -> None:
+        """Start from a history: ``learn`` its newest ``window`` entries, all that a baseline which had
+        run through the whole of it would keep."""
+        self.learn(entries[-self.window :])
+
     def predict(self, rows: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         """Predicted p-quantile in ms per row and target (NaN for a target with no model yet)."""
         features = build_features(parse_rows(list(rows)))

@@ -35,8 +35,9 @@ offset and the regime offset, and of what is left, with the pods' state (a miss 
 shows as a positive residual). ``--history`` starts both predictors from history instead of cold:
 a whole replay of the same scenario with the next seed is loaded into the window first (as
 ``python -m training_server import-trace --data-dir`` loads a recorded trace: not scored), ending
-60 simulated s before the replay, the service's first retrain runs on it, and the naive baseline
-gets its newest 10,000 samples: what each reaches once it has seen the workload's regimes.
+``bench.accuracy_steps.HISTORY_GAP_S`` (60) simulated s before the replay, the service's first
+retrain runs on it, and the naive baseline gets its newest 10,000 samples: what each reaches once
+it has seen the workload's regimes.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/sim_calibration_replay.py [--code CHECKOUT]
 """
@@ -249,7 +250,7 @@ def history(
     training.window.insert(columns, stamps)
     schedule.after_flush(0.0, len(entries), start_epoch_s)
     if baseline is not None:
-        baseline.learn(entries[-baseline.window :])  # it keeps no more
+        baseline.learn_history(entries)
 
 
 def decomposition(
