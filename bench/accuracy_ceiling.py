@@ -12,6 +12,10 @@ online predictor can be, fitted with the naive baseline's trees (``fit_quantile_
 - ``in sample + arrivals``: that, plus two columns no routing-time row holds: the requests and the
   prompt tokens routed to the same pod per second while this request decoded. The gap between it
   and ``in sample`` is what the traffic arriving after routing costs a p90 (bursts).
+- ``in sample + pool rate``: ``in sample`` plus the one context a server could know at routing time
+  beyond the row: the samples the whole pool completed per second in the ``POOL_RATE_S`` before
+  this request was routed (what the training server sees arrive). Its gap to ``in sample`` bounds
+  what a model given the pool's recent load could gain.
 
 The naive baseline runs online as in the evidence: samples posted at completion, in 1 s flushes,
 each request predicted before any sample of it. Each reference is summarised as the evidence
@@ -45,7 +49,8 @@ from stack.sim_pod import Completion  # noqa: E402
 
 MODELS = ("ttft", "tpot")
 SKIP_S = 60.0  # the first minute: the naive baseline's first fit, and ours, come during it
-REFERENCES = ("other seed", "in sample", "in sample + arrivals")
+REFERENCES = ("other seed", "in sample", "in sample + arrivals", "in sample + pool rate")
+POOL_RATE_S = 5.0  # the horizon of the pool's recent completion rate
 
 
 def naive_online(done: list[Completion], quantile: float) -> np.ndarray:
@@ -93,6 +98,15 @@ def arrivals_while_decoding(done: list[Completion]) -> np.ndarray:
     return out
 
 
+def pool_rate_before_routing(done: list[Completion], horizon_s: float = POOL_RATE_S) -> np.ndarray:
+    """Per request, the requests of any pod completed per second in the ``horizon_s`` before it was
+    routed, as a ``(rows, 1)`` column."""
+    finished = np.sort([c.finished_s for c in done])
+    routed = np.array([c.routed_at_s for c in done])
+    lo, hi = np.searchsorted(finished, routed - horizon_s), np.searchsorted(finished, routed)
+    return ((hi - lo) / horizon_s)[:, None]
+
+
 def references(
     scenario: Scenario, seed: int, quantile: float
 ) -> tuple[list[Completion], np.ndarray, dict[str, np.ndarray]]:
@@ -102,6 +116,7 @@ def references(
     x = build_features(parse_rows([c.features for c in done]))
     x_other = build_features(parse_rows([c.features for c in other]))
     x_arrivals = np.hstack([x, arrivals_while_decoding(done)]).astype(np.float32)
+    x_rate = np.hstack([x, pool_rate_before_routing(done)]).astype(np.float32)
     out = {name: np.full((len(done), 2), np.nan) for name in REFERENCES}
     for col, m in enumerate(MODELS):
         y, y_other = (np.array([getattr(c, f"{m}_ms") for c in cs]) for cs in (done, other))
@@ -110,6 +125,7 @@ def references(
             "other seed": (x_other[keep_other], y_other[keep_other], x),
             "in sample": (x[keep], y[keep], x),
             "in sample + arrivals": (x_arrivals[keep], y[keep], x_arrivals),
+            "in sample + pool rate": (x_rate[keep], y[keep], x_rate),
         }
         for name, (fit_x, fit_y, served_x) in fitted.items():
             out[name][:, col] = fit_quantile_trees(fit_x, fit_y, quantile).inplace_predict(served_x)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.accuracy_ceiling import arrivals_while_decoding, naive_online
+from bench.accuracy_ceiling import arrivals_while_decoding, naive_online, pool_rate_before_routing
 from stack.sim_pod import Completion
 from stack.workload import SimRequest
 
@@ -46,3 +46,17 @@ def test_the_naive_baseline_answers_each_request_before_its_own_sample_and_only_
     routed = np.array([c.routed_at_s for c in done])
     assert np.isnan(answers[routed < 99.95]).all()
     assert np.isfinite(answers[routed >= 100.0]).all()
+
+
+def test_the_pool_rate_counts_every_pod_s_completions_before_routing_within_the_horizon() -> None:
+    done = [
+        _done(0, 0, 0.0, 10.0, 1.0),  # completed 9 s before request 4 was routed: too early
+        _done(1, 1, 4.0, 10.0, 6.0),  # another pod: counted
+        _done(2, 0, 5.0, 10.0, 9.5),
+        _done(3, 0, 9.0, 10.0, 10.5),  # completes after request 4 was routed: not known then
+        _done(4, 1, 10.0, 10.0, 12.0),
+    ]
+    rate = pool_rate_before_routing(done, horizon_s=5.0)
+    assert rate.shape == (5, 1)
+    assert rate[4, 0] == 2 / 5.0
+    assert rate[0, 0] == 0.0
