@@ -9,8 +9,9 @@ calibration, publishing calibration versions with no minimum interval); the trai
 every ``--retrain-every`` entries with the live scorer's offsets, as the service does. Requests a
 model answered with the prior's trees are left out (and counted in a second coverage and pinball,
 what a client sees from the start). Per trace and model: coverage and pinball overall, coverage per
-load stage with each stage's median log ratio of prediction to actual
-(over-prediction > 0). ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field, e.g. the
+load stage and per running-request bin (``RUNNING_EDGES``: what TPOT's decode batch grows with),
+each with its median log ratio of prediction to actual (over-prediction > 0).
+``--setting KEY=VALUE`` changes a ``TrainingSettings`` field, e.g. the
 model structure (``work_baseline=false``, ``monotone_constraints=false``: trees only) or
 ``live_scoring=false`` (no online calibration).
 
@@ -32,6 +33,9 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 from bench.code_path import add_arguments, use_services  # noqa: E402 (no service imported)
+
+RUNNING_EDGES = (10, 20, 40, 80, 160)  # bins of num_request_running: 0-9, 10-19, ..., 160+
+MIN_CELL_ROWS = 30  # a stage or bin with fewer trained-model rows is not reported
 
 
 def replay(
@@ -87,14 +91,20 @@ def replay(
                 "pinball_ms": float(loss[answered].mean()),
             },
         }
-        for s in range(len(stages)):
-            m = rows & (np.arange(n) >= bounds[s]) & (np.arange(n) < bounds[s + 1])
-            if m.sum() >= 30:
-                ratio = float(np.median(np.log(predicted[name][m] / actual[m])))
-                cells[f"stage {s + 1}"] = {
+        at = np.arange(n)
+        groups = {f"stage {k + 1}": (at >= bounds[k]) & (at < bounds[k + 1]) for k in range(len(stages))}
+        running = np.digitize(columns["num_request_running"], RUNNING_EDGES)
+        lows = (0, *RUNNING_EDGES)
+        for b, low in enumerate(lows):
+            label = f"{low}+" if b == len(RUNNING_EDGES) else f"{low}-{lows[b + 1] - 1}"
+            groups[f"running {label}"] = running == b
+        for label, group in groups.items():
+            m = rows & group
+            if m.sum() >= MIN_CELL_ROWS:
+                cells[label] = {
                     "rows": int(m.sum()),
                     "coverage": float(covered[m].mean()),
-                    "log_ratio": ratio,
+                    "log_ratio": float(np.median(np.log(predicted[name][m] / actual[m]))),
                 }
         result[name] = cells
     return result
@@ -117,16 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     for trace in args.traces or TRACES:
         r = report[trace] = replay(trace, directory, args.chunk, args.retrain_every, args.quantile, overrides)
         for name, cells in r.items():
-            stages = " ".join(
+            groups = " ".join(
                 f"{k}: {v['coverage']:.3f} (n={v['rows']}, {v['log_ratio']:+.3f})"
                 for k, v in cells.items()
-                if k.startswith("stage")
+                if k.startswith(("stage", "running"))
             )
             every = cells["with_prior"]
             print(
                 f"{trace} {name.upper()} coverage {cells['coverage']:.3f} (n={cells['rows']}), "
                 f"pinball {cells['pinball_ms']:.2f} ms; with the prior's answers {every['coverage']:.3f} "
-                f"(n={every['rows']}), {every['pinball_ms']:.2f} ms; {stages}",
+                f"(n={every['rows']}), {every['pinball_ms']:.2f} ms; {groups}",
                 flush=True,
             )
     if args.json is not None:
