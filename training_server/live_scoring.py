@@ -307,28 +307,35 @@ class LiveScorer:
             self.calibrator.observe(name, feats, target, base_now, stamps, time.monotonic())
 
     def _track(
-        self, name: str, booster: xgb.Booster, base: ModelSpec, unseen_since_s: float, prior: bool = False
+        self,
+        name: str,
+        booster: xgb.Booster,
+        base: ModelSpec,
+        unseen_since_s: float,
+        prior: bool = False,
+        fitted: np.ndarray | None = None,
     ) -> None:
         """Under ``_calibrating``: make the calibrator track ``base``'s trees (rebase if new;
-        ``prior``: they are the prior's)."""
+        ``prior``: they are the prior's; ``fitted``: the features they were fitted on, if known)."""
         if self.calibrator.trees.get(name) == base.sha256:
             return
 
         def margin_of(features: np.ndarray) -> np.ndarray:
             return _base_margin(_predict_margin(booster, features), features, base)
 
-        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s, prior)
+        self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s, prior, fitted)
 
     def offsets_for(
-        self, name: str, booster: xgb.Booster, spec: ModelSpec, unseen_since_s: float
+        self, name: str, booster: xgb.Booster, spec: ModelSpec, unseen_since_s: float, fitted: np.ndarray
     ) -> RegimeOffsets | None:
         """The regime offsets new trees are published with (the trainer's thread): the online
         calibration carried over to them, so a retrain does not drop what it has followed.
-        ``unseen_since_s``: the trees were trained on samples up to this timestamp."""
+        ``unseen_since_s``: the trees were trained on samples up to this timestamp; ``fitted``: the
+        features of the samples they were fitted and calibrated on."""
         if name not in self._calibrated_models:
             return None
         with self._calibrating:
-            self._track(name, booster, replace(spec, regime_offsets=None), unseen_since_s)
+            self._track(name, booster, replace(spec, regime_offsets=None), unseen_since_s, fitted=fitted)
             return RegimeOffsets.of(self.scheme, np.round(self.calibrator.offsets(name), 6))
 
     def _drifted(self, event: DriftEvent) -> None:

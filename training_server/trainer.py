@@ -58,7 +58,7 @@ from shared.artifacts import (
     to_margin_target,
 )
 from shared.errors import ArtifactError
-from shared.features import FEATURE_NAMES, build_features
+from shared.features import FEATURE_NAMES, NUM_FEATURES, build_features
 from shared.logging import log_event
 from shared.prior import build_prior_models
 from shared.regimes import RegimeOffsets
@@ -119,6 +119,7 @@ class _Candidate:
     accepted: bool = False
     reason: str = ""
     unseen_since_s: float = float("inf")  # samples newer than this timestamp were not trained on
+    fitted: np.ndarray = field(default_factory=lambda: np.empty((0, NUM_FEATURES), dtype=np.float32))
 
 
 @dataclass
@@ -138,8 +139,9 @@ class _StopWhenSet(xgb.callback.TrainingCallback):
 
 
 # (model, its trees, their spec without regime offsets, the timestamp from which on no sample was
-# trained on) -> the regime offsets to publish them with
-OffsetsFor = Callable[[str, xgb.Booster, ModelSpec, float], RegimeOffsets | None]
+# trained on, the features of the samples they were fitted and calibrated on) -> the regime offsets
+# to publish them with
+OffsetsFor = Callable[[str, xgb.Booster, ModelSpec, float, np.ndarray], RegimeOffsets | None]
 
 
 class Trainer:
@@ -272,6 +274,7 @@ class Trainer:
             metrics=metrics,
             holdout_losses=evaluation.sample_losses(actual[hold], predicted, s.objective, s.quantile),
             unseen_since_s=float(snap.column("timestamp")[hold[0]]),
+            fitted=features[fit_rows],
         )
         if current is not None and name in current.boosters:
             # Without its online offsets, tracked on these very samples (see the module docstring).
@@ -384,7 +387,7 @@ class Trainer:
                         calibration_offset=c.offset,
                         baseline=c.baseline,
                     )
-                    regime_offsets[name] = self.offsets_for(name, c.booster, spec, c.unseen_since_s)
+                    regime_offsets[name] = self.offsets_for(name, c.booster, spec, c.unseen_since_s, c.fitted)
                 samples[name] = c.samples["train"]
                 entry.update(source="trained", calibration_offset=c.offset, **c.metrics)
             elif current is not None:

@@ -13,6 +13,7 @@ from training_server.online_calibration import RegimeCalibrator
 
 Q = 0.9
 WAITING = FEATURE_NAMES.index("num_request_waiting")
+KV = FEATURE_NAMES.index("kv_cache_percentage")
 CLOCK = itertools.count(1)
 
 
@@ -217,3 +218,34 @@ def test_a_regime_still_short_when_new_trees_come_is_not_carried_into_a_negative
     cal.rebase("ttft", "trees-2", lambda f: np.where(f[:, WAITING] >= 16, 2.0, 0.0), float("inf"))
     assert 0.2 < cal.offsets("ttft")[_regime(16)] < 0.6, cal.offsets("ttft")
     assert _feed(cal, rng, 1, {16: 0.0})[0] >= 0.8  # residuals against the new trees
+
+
+def test_a_regime_the_trees_were_fitted_on_but_no_live_sample_reached_is_served_their_calibration() -> None:
+    # A window restored at start (or an imported trace) holds a full KV cache with no queue; no live
+    # sample has reached it yet. The shared part moves with the pool seen live meanwhile.
+    full, behind_one = _rows(5, 0), _rows(1, 1)
+    full[:, KV] = behind_one[:, KV] = 0.95
+    fitted_on_full = int(DEFAULT_SCHEME.ids(full)[0])
+    never_fitted = int(DEFAULT_SCHEME.ids(behind_one)[0])  # neither fitted on nor reached
+    cal, rng = _calibrator(), np.random.default_rng(6)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 200, {0: 1.0})
+    lead = cal.offsets("ttft")[never_fitted]
+    assert lead > 0.8, cal.offsets("ttft")
+    fitted = np.concatenate([_rows(50, 0), full])
+    cal.rebase("ttft", "trees-2", lambda f: np.zeros(len(f)), float("inf"), fitted=fitted)
+    offsets = cal.offsets("ttft")
+    # The regime the trees know is served their calibration; the one nothing has shown keeps the lead.
+    assert abs(offsets[fitted_on_full]) < 1e-9 and abs(offsets[never_fitted] - lead) < 1e-9, offsets
+    # Until the next retrain it follows what the pool does meanwhile.
+    _feed(cal, rng, 100, {0: 1.5})
+    assert 0.3 < cal.offsets("ttft")[fitted_on_full] < 0.7, cal.offsets("ttft")
+    # Once a live sample reached it, its own tracker decides: a rebase no longer resets it.
+    _feed(cal, rng, 1, {0: 1.5})
+    features = np.concatenate([full, _rows(20, 0)])
+    now = float(next(CLOCK))
+    n = len(features)
+    cal.observe("ttft", features, np.full(n, 1.5), np.zeros(n), np.full(n, now), now)
+    reached = cal.offsets("ttft")[fitted_on_full]
+    cal.rebase("ttft", "trees-3", lambda f: np.zeros(len(f)), float("inf"), fitted=fitted)
+    assert abs(cal.offsets("ttft")[fitted_on_full] - reached) < 0.05, (cal.offsets("ttft"), reached)
