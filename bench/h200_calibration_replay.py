@@ -11,6 +11,10 @@ model answered with the prior's trees are left out (and counted in a second cove
 what a client sees from the start). Per trace and model: coverage and pinball overall, coverage per
 load stage and per running-request bin (``RUNNING_EDGES``: what TPOT's decode batch grows with),
 each with its median log ratio of prediction to actual (over-prediction > 0).
+``--history-stages K`` starts from history instead of cold: the trace's first K load stages go into
+the window first, as ``python -m training_server import-trace`` loads a recorded trace (not scored),
+the trainer retrains on them, and only the later stages are replayed and judged: a server restarted
+(or given a recorded trace) partway up the trace's ramp.
 ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field, e.g. the
 model structure (``work_baseline=false``, ``monotone_constraints=false``: trees only) or
 ``live_scoring=false`` (no online calibration).
@@ -39,7 +43,13 @@ MIN_CELL_ROWS = 30  # a stage or bin with fewer trained-model rows is not report
 
 
 def replay(
-    name: str, directory: Path, chunk: int, retrain_every: int, q: float, overrides: dict[str, Any]
+    name: str,
+    directory: Path,
+    chunk: int,
+    retrain_every: int,
+    q: float,
+    overrides: dict[str, Any],
+    history_stages: int = 0,
 ) -> dict[str, Any]:
     from bench.accuracy_trace import load_trace, recover_stages
     from bench.inprocess_training import InProcessTraining
@@ -55,11 +65,16 @@ def replay(
     stamps = time.time() - n * 0.1 + np.arange(n) * 0.1  # file order is time
     predicted = {"ttft": np.zeros(n), "tpot": np.zeros(n)}
     trained = {"ttft": np.zeros(n, dtype=bool), "tpot": np.zeros(n, dtype=bool)}
+    bounds = [*stages, n]
+    start = bounds[min(history_stages, len(stages))]  # the first entry replayed; before it: history
     with tempfile.TemporaryDirectory() as tmp:
         training = InProcessTraining(Path(tmp), q, calibration_publish_interval_s=0, **overrides)
+        if start:  # as ``import-trace`` loads a recorded trace: into the window, not scored; then a retrain
+            training.window.insert({k: v[:start] for k, v in columns.items()}, stamps[:start])
+            training.retrain(stamps[start - 1])
         predictor = training.predictor()
         since = 0
-        for lo in range(0, n, chunk):
+        for lo in range(start, n, chunk):
             hi = min(n, lo + chunk)
             part = {k: v[lo:hi] for k, v in columns.items()}
             predicted["ttft"][lo:hi], predicted["tpot"][lo:hi] = predictor.predict(build_features(part))
@@ -74,13 +89,13 @@ def replay(
             if changed:
                 predictor = training.predictor()
     result: dict[str, Any] = {}
-    bounds = [*stages, n]
+    at = np.arange(n)
     for name in predicted:
         actual = columns[f"actual_{name}_ms"]
         rows = (actual > 0) & trained[name]
         covered = actual <= predicted[name]
         loss = pinball_loss(actual, predicted[name], q)
-        answered = actual > 0  # the prior's answers too: what a client sees from the start
+        answered = (actual > 0) & (at >= start)  # the prior's answers too: what a client sees from the start
         cells: dict[str, Any] = {
             "rows": int(rows.sum()),
             "coverage": float(covered[rows].mean()) if rows.any() else None,
@@ -91,7 +106,6 @@ def replay(
                 "pinball_ms": float(loss[answered].mean()),
             },
         }
-        at = np.arange(n)
         groups = {f"stage {k + 1}": (at >= bounds[k]) & (at < bounds[k + 1]) for k in range(len(stages))}
         running = np.digitize(columns["num_request_running"], RUNNING_EDGES)
         lows = (0, *RUNNING_EDGES)
@@ -116,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", nargs="+", help="default: bench.accuracy_trace.TRACES")
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--retrain-every", type=int, default=200)
+    parser.add_argument(
+        "--history-stages",
+        type=int,
+        default=0,
+        help="load the first K load stages into the window first (as import-trace does, not scored), "
+        "retrain on them, and replay the rest (default 0: cold)",
+    )
     parser.add_argument("--json", type=Path)
     add_arguments(parser, "work_baseline=false, live_scoring=false")
     args = parser.parse_args(argv)
@@ -125,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     directory = args.traces_dir or DEFAULT_DIR
     report: dict[str, Any] = {}
     for trace in args.traces or TRACES:
-        r = report[trace] = replay(trace, directory, args.chunk, args.retrain_every, args.quantile, overrides)
+        r = report[trace] = replay(
+            trace, directory, args.chunk, args.retrain_every, args.quantile, overrides, args.history_stages
+        )
         for name, cells in r.items():
             groups = " ".join(
                 f"{k}: {v['coverage']:.3f} (n={v['rows']}, {v['log_ratio']:+.3f})"
