@@ -65,7 +65,7 @@ recent samples (nearest queue bin first), so a queue that grows into a new bin i
 correction of the bin below.
 
 A queue bin whose own tracker has too little recent evidence (fewer than ``min_samples`` samples,
-or none for ``STALE_S``) is *served* at least the offset of the bin below it in the same KV bin
+or none for ``STALE_S``) is *served* at least the offset of a bin below it in the same KV bin
 (``offsets``; its own tracker keeps tracking its own offset, against which its misses count): a
 queue that grows through bins it has seen only in bursts is otherwise predicted with offsets that
 the drain after earlier bursts pulled down, just when the bin below shows the pool is slower than
@@ -76,6 +76,16 @@ process (``bench/sim_calibration_replay.py``, the three step scenarios x two see
 and arrival feedback): TTFT coverage of the queued requests up 0.3-6.8 points on all 12 replays,
 TTFT pinball lower on 11 and equal on one; on the H200 traces (``bench/h200_calibration_replay.py``)
 no change but chatbot's TTFT (coverage 0.900 -> 0.902, pinball +3 %).
+The floor comes from the nearest bin below that holds samples, skipping bins that never had any:
+such a bin's offset is the shared part's lead alone, with no evidence behind it. On the chatbot
+H200 trace started from its first three stages (``bench/h200_calibration_replay.py
+--history-stages 3``), the full cache behind 32 or more waiting, with 17 samples and its own offset
+at +0.6, was served +1.6 to +2.7 (7-8x the actual TTFT) through the bins of 1-31 waiting at a full
+cache, which no sample had reached. Skipping them took the trace's TTFT pinball from 5,673 to
+2,044 ms. Cold, chatbot's TTFT pinball went 1,243 -> 1,188 ms, and the simulator's replays (the
+step scenarios and ``episodes``) did not move but for one by under 1 %: a queue that grows reaches
+each bin on the way. With history the slower pool's seed 2 lost a lead that had covered it:
+86.9 -> 122 ms, coverage 0.897 -> 0.871.
 
 A model not in ``per_regime`` has one offset for every regime, which only ever widens the
 trainer's calibration (it is kept at 0 or above); new trees that predict higher take over part of
@@ -332,16 +342,21 @@ class RegimeCalibrator:
 
     def offsets(self, model: str) -> np.ndarray:
         """The offset of each regime (log-latency units, added to the served margin): its own, or,
-        for a queue bin without enough recent samples of its own, at least the bin below's."""
+        for a queue bin without enough recent samples of its own, at least the offset served to the
+        nearest bin below it that holds samples (a bin that never had any has no evidence to pass up:
+        its offset is the shared part's lead alone)."""
         own = self._common[model] + self._theta[model]
         if model not in self.per_regime:
             return own
         kv_bins = len(self.scheme.kv_edges) + 1
         newest_s = max(float(np.max(seen)) for seen in self._seen_s.values())  # the latest batch
         young = ~self._with_evidence(model, newest_s).reshape(-1, kv_bins)
+        held = (self._rings[model].count > 0).reshape(-1, kv_bins)
         served = own.reshape(-1, kv_bins).copy()
+        floor = np.where(held[0], served[0], -np.inf)  # per KV bin: the nearest held bin below's
         for w in range(1, len(served)):
-            served[w] = np.where(young[w], np.maximum(served[w], served[w - 1]), served[w])
+            served[w] = np.where(young[w], np.maximum(served[w], floor), served[w])
+            floor = np.where(held[w], served[w], floor)
         return served.reshape(-1)
 
     def proposal(self, current: Manifest) -> tuple[dict[str, RegimeOffsets], float]:

@@ -260,3 +260,25 @@ def test_a_regime_the_trees_know_better_than_the_trackers_is_served_their_calibr
     assert reach(40) < 1.0
     cal.rebase("ttft", "trees-4", lambda f: np.zeros(len(f)), float("inf"), fitted=fitted)
     assert abs(cal.offsets("ttft")[fitted_on_full] - 1.5) < 0.05, cal.offsets("ttft")
+
+
+def test_a_queue_bin_that_never_had_samples_does_not_lift_the_bins_above_it() -> None:
+    # The shared part leads: new trees predict the queue-free regime 1.0 higher, so its own offset
+    # drops at the rebase and the shared part keeps its level. A bin nothing has reached is served
+    # that lead alone.
+    cal, rng = _calibrator(), np.random.default_rng(8)
+    cal.rebase("ttft", "trees", lambda f: np.zeros(len(f)), float("inf"))
+    _feed(cal, rng, 200, {0: 1.0})
+    cal.rebase("ttft", "trees-2", lambda f: np.ones(len(f)), -float("inf"))  # every held sample unseen
+    offsets = cal.offsets("ttft")
+    no_queue, never_reached, young = _regime(0), _regime(4), _regime(8)
+    assert offsets[never_reached] - offsets[no_queue] > 0.5, offsets
+    # A few samples behind 8-15 waiting, as high as the trees predict: too few for evidence of its own.
+    for _ in range(3):
+        now = float(next(CLOCK))
+        cal.observe("ttft", _rows(4, 8), np.full(4, 1.0), np.ones(4), np.full(4, now), now)
+    offsets = cal.offsets("ttft")
+    # It is served at least the nearest bin below that holds samples (no queue), not the lead of
+    # the bins between, which never had any.
+    assert offsets[young] < offsets[never_reached] - 0.5, offsets
+    assert offsets[young] >= offsets[no_queue] - 1e-9, offsets
