@@ -54,7 +54,7 @@ that were also scored live, so this never applies to it (unless scoring skipped 
 overload; then too the trees know those regimes better). The first form of the rule took only
 regimes no live sample had reached. A regime reached by a few (the slower pool's queue of 4-7
 requests with 24 live samples and 128 fitted, seed 0) then kept the lead, and at 240-260 s was
-served +3.6 over the trees, over-predicting 40x. Measured in process with history
+served +3.6 over the trees, over-predicting 40-50x. Measured in process with history
 (``bench/sim_calibration_replay.py --history``, the step scenarios, seeds 0-3), against that form:
 TTFT targets met 51 -> 55 of 88 and pinball lower on 8 of 12; the slower pool's TTFT pinball 292 /
 118 / 80.4 / 17.6 -> 22.7 / 72.0 / 86.9 / 16.4 ms; but its seed 3 covers the queued requests 0.734
