@@ -351,7 +351,7 @@ class RegimeCalibrator:
         kv_bins = len(self.scheme.kv_edges) + 1
         newest_s = max(float(np.max(seen)) for seen in self._seen_s.values())  # the latest batch
         young = ~self._with_evidence(model, newest_s).reshape(-1, kv_bins)
-        held = (self._rings[model].count > 0).reshape(-1, kv_bins)
+        held = (self._scored[model] > 0).reshape(-1, kv_bins)
         served = own.reshape(-1, kv_bins).copy()
         floor = np.where(held[0], served[0], -np.inf)  # per KV bin: the nearest held bin below's
         for w in range(1, len(served)):
