@@ -42,8 +42,9 @@ from bench.tree_eval import _cycling, _timings_us  # noqa: E402
 from prediction_server import jit_kernels  # noqa: E402
 from prediction_server.jit_forest import JitForests  # noqa: E402
 from prediction_server.jit_layout import BLOCK, GROUP  # noqa: E402
-from shared.artifacts import MODEL_NAMES, ModelStore  # noqa: E402
+from shared.artifacts import MODEL_NAMES  # noqa: E402
 from shared.features import build_features  # noqa: E402
+from shared.model_store import ModelStore  # noqa: E402
 from shared.schemas import parse_rows  # noqa: E402
 
 LANES = 8  # rows per gather (eight 64-bit lanes: one AVX-512 register)

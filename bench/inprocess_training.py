@@ -20,7 +20,8 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from prediction_server.predictor import Predictor
-from shared.artifacts import Manifest, ModelStore
+from shared.artifacts import Manifest
+from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from shared.schemas import Columns
 from training_server.config import TrainingSettings

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.training_ingest import Server, blast, make_bodies  # noqa: E402
 from prediction_server.predictor import Predictor  # noqa: E402
-from shared.artifacts import ModelStore  # noqa: E402
+from shared.model_store import ModelStore  # noqa: E402
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets  # noqa: E402
 from training_server import synthetic  # noqa: E402
 from training_server.config import TrainingSettings  # noqa: E402

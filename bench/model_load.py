@@ -34,7 +34,7 @@ _CHILD = """
 import sys, time, statistics
 t = time.perf_counter()
 from prediction_server.predictor import Predictor
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 imported = time.perf_counter() - t
 model_set = ModelStore(sys.argv[1]).load()
 t = time.perf_counter()
@@ -81,7 +81,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "bench"))
     from prediction_load import publish_benchmark_model
 
-    from shared.artifacts import ModelStore
+    from shared.model_store import ModelStore
 
     env = {**os.environ, "PYTHONPATH": str(args.code.resolve()), "OMP_NUM_THREADS": "1"}
     cache = "an empty numba cache per process" if args.cold else "numba's cache as it is"

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 _PUBLISH = """
 import sys
 from bench.prediction_load import publish_benchmark_model
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 publish_benchmark_model(ModelStore(sys.argv[1]), 200, 6, sys.argv[2])
 """
 

@@ -67,9 +67,10 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.wrk_load import write_script, wrk_capacity  # noqa: E402
-from shared.artifacts import MODEL_NAMES, ModelStore, to_margin_target  # noqa: E402
+from shared.artifacts import MODEL_NAMES, to_margin_target  # noqa: E402
 from shared.baseline import WORK_FEATURES  # noqa: E402
 from shared.features import build_features  # noqa: E402
+from shared.model_store import ModelStore  # noqa: E402
 from shared.prior import prior_latency_ms, synthetic_columns  # noqa: E402
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets  # noqa: E402
 from shared.schemas import pod_type_name  # noqa: E402

@@ -18,8 +18,8 @@ from pathlib import Path
 from prediction_server.predictor import Predictor
 from scheduler_client import Prediction
 from scheduler_client.types import Row
-from shared.artifacts import ModelStore
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.schemas import parse_rows
 
 

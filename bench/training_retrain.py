@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from training_server import synthetic
 from training_server.config import TrainingSettings

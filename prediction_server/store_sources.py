@@ -24,10 +24,11 @@ from urllib.parse import quote
 import httpx
 
 from prediction_server.config import PredictionSettings
-from shared.artifacts import CURRENT_FILE, MANIFEST_FILE, VERSION_NAME, Manifest, ModelStore, sha256_hex
+from shared.artifacts import MANIFEST_FILE, VERSION_NAME, Manifest, sha256_hex
 from shared.atomic import fsync_dir, write_synced
 from shared.errors import ArtifactError, CorruptArtifact
 from shared.logging import log_event
+from shared.model_store import CURRENT_FILE, ModelStore
 
 log = logging.getLogger(__name__)
 

@@ -40,9 +40,10 @@ from prediction_server.store_sources import (
     StoreUnavailable,
     make_source,
 )
-from shared.artifacts import Manifest, fallback_order, verify_model_set
+from shared.artifacts import Manifest, verify_model_set
 from shared.errors import ArtifactError
 from shared.logging import log_event, log_task_failure
+from shared.model_store import fallback_order
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -13,8 +13,9 @@ from statistics import NormalDist
 
 import numpy as np
 
-from shared.artifacts import ModelStore, TargetTransform, to_margin_target
+from shared.artifacts import TargetTransform, to_margin_target
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.schemas import Columns
 from shared.xgboost_import import import_xgboost
 

@@ -20,17 +20,9 @@ from urllib.parse import unquote
 import numpy as np
 import xgboost as xgb
 
-from shared.artifacts import (
-    CURRENT_FILE,
-    MANIFEST_FILE,
-    Manifest,
-    ModelSpec,
-    ModelStore,
-    sha256_hex,
-    to_margin_target,
-    utc_now_iso,
-)
+from shared.artifacts import MANIFEST_FILE, Manifest, ModelSpec, sha256_hex, to_margin_target, utc_now_iso
 from shared.features import build_features
+from shared.model_store import CURRENT_FILE, ModelStore
 from shared.prior import prior_latency_ms, synthetic_columns
 
 ROW: dict[str, Any] = {

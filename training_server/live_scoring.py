@@ -37,17 +37,11 @@ from typing import Any
 import numpy as np
 import xgboost as xgb
 
-from shared.artifacts import (
-    MODEL_NAMES,
-    Manifest,
-    ModelSpec,
-    ModelStore,
-    served_latency_ms,
-    to_margin_target,
-)
+from shared.artifacts import MODEL_NAMES, Manifest, ModelSpec, served_latency_ms, to_margin_target
 from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.logging import log_event
+from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.schemas import Columns
 from training_server.config import TrainingSettings

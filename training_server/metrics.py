@@ -10,11 +10,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared.artifacts import MODEL_NAMES, Manifest, ModelStore
+from shared.artifacts import MODEL_NAMES, Manifest
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES
 from shared.identity import MODEL_TYPE
 from shared.metrics import LATENCY_BUCKETS_S, ROW_BUCKETS
+from shared.model_store import ModelStore
 
 _MODEL_METRICS = {"coverage": "coverage", "pinball_loss_ms": "pinball", "mape": "mape"}
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import xgboost as xgb
 
-from shared.artifacts import Manifest, ModelStore
+from shared.artifacts import Manifest
 from shared.bundle import MAX_BUNDLE_BYTES, Bundle, BundleError, read_bundle, write_bundle
 from shared.logging import log_event
+from shared.model_store import ModelStore
 from training_server.config import TrainingSettings
 
 log = logging.getLogger(__name__)

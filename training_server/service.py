@@ -22,10 +22,11 @@ import numpy as np
 import orjson
 import xgboost as xgb
 
-from shared.artifacts import CURRENT_FILE, Manifest, ModelStore
+from shared.artifacts import Manifest
 from shared.errors import ArtifactError, CorruptArtifact, IngestSaturated, InvalidInput, ServiceError
 from shared.logging import log_event, log_task_failure
 from shared.metrics import counter_totals
+from shared.model_store import CURRENT_FILE, ModelStore
 from shared.prior import publish_prior
 from shared.schemas import Columns, parse_training_entries, require_entries
 from training_server.config import TrainingSettings

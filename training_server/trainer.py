@@ -51,7 +51,6 @@ from shared.artifacts import (
     MODEL_NAMES,
     Manifest,
     ModelSpec,
-    ModelStore,
     base_margin,
     served_latency_ms,
     sha256_hex,
@@ -60,6 +59,7 @@ from shared.artifacts import (
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, NUM_FEATURES, build_features
 from shared.logging import log_event
+from shared.model_store import ModelStore
 from shared.prior import build_prior_models
 from shared.regimes import RegimeOffsets
 from training_server import evaluation

@@ -27,7 +27,8 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.artifacts import MANIFEST_FILE, ModelStore
+from shared.artifacts import MANIFEST_FILE
+from shared.model_store import ModelStore
 from tests.e2e.predicting import Predicting
 from tests.procs import RunningService, start_service, wait_until
 from training_server import synthetic

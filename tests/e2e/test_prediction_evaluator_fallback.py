@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 from tests.prediction_support import publish_trained, random_rows
 from tests.procs import get_json, start_service, wait_until
 

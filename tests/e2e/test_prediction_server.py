@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 from tests.load import LoadThreads
 from tests.prediction_support import (
     ROW,

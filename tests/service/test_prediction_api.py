@@ -18,8 +18,9 @@ import xgboost as xgb
 
 from prediction_server.app import create_app
 from prediction_server.config import PredictionSettings
-from shared.artifacts import Manifest, ModelStore, served_latency_ms
+from shared.artifacts import Manifest, served_latency_ms
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.schemas import MAX_BULK_ROWS, parse_rows
 from tests.prediction_support import ROW, publish_trained, random_rows
 from tests.procs import eventually

@@ -22,7 +22,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)
     from fastapi.testclient import TestClient
 
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from training_server import synthetic
 from training_server.app import create_app

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import orjson
 
-from shared.artifacts import MODEL_NAMES, Manifest, ModelStore, verify_model_set
+from shared.artifacts import MODEL_NAMES, Manifest, verify_model_set
+from shared.model_store import ModelStore
 from tests.procs import wait_until
 from tests.service.test_training_api import (
     TestClient,

@@ -10,8 +10,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shared.artifacts import ModelStore
 from shared.bundle import METADATA_FILE, BundleError, read_bundle, write_bundle
+from shared.model_store import ModelStore
 from tests.prediction_support import publish_trained
 
 

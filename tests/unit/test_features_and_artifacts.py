@@ -9,9 +9,10 @@ import numpy as np
 import orjson
 import pytest
 
-from shared.artifacts import CURRENT_FILE, Manifest, ModelStore, served_latency_ms, to_margin_target
+from shared.artifacts import Manifest, served_latency_ms, to_margin_target
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, NUM_FEATURES, build_features
+from shared.model_store import CURRENT_FILE, ModelStore
 from shared.prior import build_prior_models, prior_latency_ms, publish_prior
 from shared.schemas import parse_rows
 

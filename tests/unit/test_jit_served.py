@@ -13,11 +13,11 @@ import pytest
 from prediction_server import predictor as predictor_module
 from prediction_server.jit_forest import JitForests, warm_served_kernel
 from prediction_server.predictor import Predictor, builtin_prior_model_set
-from shared.artifacts import ModelStore
 from shared.baseline import PIECEWISE_KIND as PIECEWISE
 from shared.baseline import SCALED_KIND as SCALED
 from shared.baseline import WORK_FEATURES
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.row_decoder import RowMatrix, from_columns, to_columns
 from shared.schemas import MAX_COUNT, parse_rows

@@ -18,10 +18,11 @@ import pytest
 import xgboost as xgb
 
 from prediction_server.predictor import Predictor
-from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
+from shared.artifacts import Manifest, ModelSpec, served_latency_ms
 from shared.baseline import BASELINE_KIND, PIECEWISE_KIND, SCALED_KIND, baseline_ms, check_baseline
 from shared.errors import ArtifactError
 from shared.features import FEATURE_NAMES, build_features
+from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from shared.schemas import parse_rows
 from stack.simulator import Cluster, PodConfig, Workload, WorkloadConfig, round_robin, simulate

@@ -14,8 +14,9 @@ import numpy as np
 import xgboost as xgb
 from prometheus_client import CollectorRegistry
 
-from shared.artifacts import ModelStore, served_latency_ms
+from shared.artifacts import served_latency_ms
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME
 from training_server import synthetic
 from training_server.config import TrainingSettings

@@ -16,17 +16,10 @@ from prediction_server.predictor import (
     builtin_prior_model_set,
     probe_matrix,
 )
-from shared.artifacts import (
-    Manifest,
-    ModelSpec,
-    ModelStore,
-    served_latency_ms,
-    sha256_hex,
-    utc_now_iso,
-    verify_model_set,
-)
+from shared.artifacts import Manifest, ModelSpec, served_latency_ms, sha256_hex, utc_now_iso, verify_model_set
 from shared.errors import ArtifactError
 from shared.features import NUM_FEATURES, build_features
+from shared.model_store import ModelStore
 from shared.schemas import parse_rows
 from tests.prediction_support import publish_trained, random_rows, train_models
 from tests.procs import REPO_ROOT, wait_until

@@ -17,8 +17,9 @@ from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
 from prediction_server.predictor import BUILTIN_PRIOR_VERSION
 from prediction_server.store_watcher import STARTUP_STORE_BUDGET_S, StoreWatcher
-from shared.artifacts import Manifest, ModelStore
+from shared.artifacts import Manifest
 from shared.metrics import new_registry
+from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from tests.prediction_support import (
     point_current,

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from prediction_server.predictor import Predictor
-from shared.artifacts import ModelStore
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from training_server import synthetic

@@ -13,9 +13,10 @@ import orjson
 from prediction_server.config import PredictionSettings
 from prediction_server.metrics import PredictionMetrics
 from prediction_server.store_watcher import StoreWatcher
-from shared.artifacts import Manifest, ModelSpec, ModelStore, served_latency_ms
+from shared.artifacts import Manifest, ModelSpec, served_latency_ms
 from shared.features import FEATURE_NAMES, build_features
 from shared.metrics import new_registry
+from shared.model_store import ModelStore
 from shared.prior import synthetic_columns
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from tests.prediction_support import publish_trained

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import xgboost as xgb
 
-from shared.artifacts import ModelSet, ModelStore, served_latency_ms
+from shared.artifacts import ModelSet, served_latency_ms
 from shared.features import build_features
+from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from training_server import synthetic
 from training_server.config import TrainingSettings

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import xgboost as xgb
 
-from shared.artifacts import ModelStore
+from shared.model_store import ModelStore
 from shared.prior import build_prior_models
 
 
