@@ -31,14 +31,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import xgboost as xgb
 
 from shared.artifacts import MODEL_NAMES, Manifest, ModelSpec, served_latency_ms, to_margin_target
-from shared.errors import ArtifactError
 from shared.features import build_features
 from shared.logging import log_event
 from shared.model_store import ModelStore
@@ -50,21 +49,15 @@ from training_server.evaluation import pinball_loss
 from training_server.metrics import TrainingMetrics
 from training_server.online_calibration import RegimeCalibrator
 from training_server.scheduler import lower_priority
+from training_server.served_versions import Margins, ServedVersions, predict_margin
 
 log = logging.getLogger(__name__)
 
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
 SENT = {"ttft": "predicted_ttft_ms", "tpot": "predicted_tpot_ms"}
-HISTORY = 8  # versions remembered for "the version that served this request"
 # Scoring takes only idle CPU: under full ingestion load it yields the core and skips batches.
 SCORING_NICE = 19
 IDLE_PUBLISH_S = 0.25  # when no batch arrives, how often moved offsets are checked for publication
-
-
-@dataclass(frozen=True)
-class _Served:
-    manifest: Manifest
-    since_s: float  # epoch seconds it became current here
 
 
 class LiveScorer:
@@ -110,8 +103,7 @@ class LiveScorer:
         self._pending = 0
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._history: list[_Served] = []
-        self._boosters: dict[str, xgb.Booster] = {}  # by SHA-256 of the model file
+        self.versions = ServedVersions(store)
         self._calibrated_models = () if s.calibrate_online == "off" else tuple(s.calibrate_online.split("+"))
         self._scored_trees: dict[str, str] = {}  # model -> SHA-256 of the trees live figures describe
         self._last_publish_mono = -float("inf")
@@ -138,10 +130,7 @@ class LiveScorer:
 
     def set_current(self, manifest: Manifest) -> None:
         """The version now current (any thread)."""
-        with self._cond:
-            if self._history and self._history[-1].manifest.version == manifest.version:
-                return
-            self._history = [*self._history[-(HISTORY - 1) :], _Served(manifest, time.time())]
+        self.versions.set_current(manifest, time.time())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="live-scoring", daemon=True)
@@ -193,8 +182,7 @@ class LiveScorer:
 
     def process(self, columns: Columns, timestamps: np.ndarray) -> None:
         """Score one batch, update live figures, drift state and the calibrator (blocking)."""
-        with self._cond:
-            history = list(self._history)
+        history = self.versions.snapshot()
         if not history or len(timestamps) == 0:
             return
         features = build_features(columns)
@@ -208,8 +196,8 @@ class LiveScorer:
                 continue
             feats, act = features[rows], actual[rows]
             routed_s = timestamps[rows] - np.asarray(columns["actual_ttft_ms"])[rows] / 1000.0
-            margins: dict[str, np.ndarray | None] = {}  # by trees (SHA-256): each computed once
-            served = self._served(name, feats, routed_s, history, margins)
+            margins: Margins = {}
+            served = self.versions.served(name, feats, routed_s, history, margins)
             sent = np.asarray(columns[SENT[name]], dtype=np.float64)[rows]
             served = np.where(sent > 0, sent, served)
             known = np.isfinite(served)
@@ -230,53 +218,6 @@ class LiveScorer:
         self.calibration_settled = False
         self._export()
 
-    def _served(
-        self,
-        name: str,
-        feats: np.ndarray,
-        routed_s: np.ndarray,
-        history: list[_Served],
-        margins: dict[str, np.ndarray | None],
-    ) -> np.ndarray:
-        """Each row's prediction by the version current when it was routed (NaN if unavailable)."""
-        since = np.array([h.since_s for h in history])
-        which = np.maximum(np.searchsorted(since, routed_s, side="right") - 1, 0)
-        out = np.full(len(feats), np.nan)
-        for i in np.unique(which).tolist():
-            rows = np.flatnonzero(which == i)
-            spec = history[i].manifest.models.get(name)
-            margin = self._margin(history[i].manifest, name, feats, margins)
-            if spec is not None and margin is not None:
-                out[rows] = served_latency_ms(margin[rows], feats[rows], spec)
-        return out
-
-    def _margin(
-        self, manifest: Manifest, name: str, feats: np.ndarray, margins: dict[str, np.ndarray | None]
-    ) -> np.ndarray | None:
-        """The trees' margin for every row of ``feats`` (memoised per batch by the trees' SHA-256)."""
-        sha = manifest.models[name].sha256 if name in manifest.models else ""
-        if sha not in margins:
-            booster = self._booster(manifest, name)
-            margins[sha] = None if booster is None else _predict_margin(booster, feats)
-        return margins[sha]
-
-    def _booster(self, manifest: Manifest, name: str) -> xgb.Booster | None:
-        spec = manifest.models.get(name)
-        if spec is None:
-            return None
-        booster = self._boosters.get(spec.sha256)
-        if booster is None:
-            try:
-                data = self.store.read_file(manifest.version, spec.file)
-            except ArtifactError:
-                return None  # pruned: those rows go unscored
-            booster = xgb.Booster(params={"nthread": 1})
-            booster.load_model(bytearray(data))
-            live = {m.manifest.models[n].sha256 for m in self._history for n in m.manifest.models}
-            self._boosters = {k: v for k, v in self._boosters.items() if k in live}
-            self._boosters[spec.sha256] = booster
-        return booster
-
     def _calibrate(
         self,
         name: str,
@@ -284,13 +225,13 @@ class LiveScorer:
         feats: np.ndarray,
         act: np.ndarray,
         stamps: np.ndarray,
-        margins: dict[str, np.ndarray | None],
+        margins: Margins,
     ) -> None:
         if name not in self._calibrated_models:
             return
         spec = current.models[name]
-        booster = self._booster(current, name)
-        margin = self._margin(current, name, feats, margins)
+        booster = self.versions.booster(current, name)
+        margin = self.versions.margin(current, name, feats, margins)
         if booster is None or margin is None:
             return
         base = replace(spec, regime_offsets=None)
@@ -315,7 +256,7 @@ class LiveScorer:
             return
 
         def margin_of(features: np.ndarray) -> np.ndarray:
-            return _base_margin(_predict_margin(booster, features), features, base)
+            return _base_margin(predict_margin(booster, features), features, base)
 
         self.calibrator.rebase(name, base.sha256, margin_of, unseen_since_s, prior, fitted)
 
@@ -352,8 +293,7 @@ class LiveScorer:
     def maybe_publish(self) -> Manifest | None:
         """Publish a calibration version if the interval passed and an offset moved enough."""
         s = self.settings
-        with self._cond:
-            current = self._history[-1].manifest if self._history else None
+        current = self.versions.current()
         if current is None:
             return None
         if time.monotonic() - self._last_publish_mono < s.calibration_publish_interval_s:
@@ -392,8 +332,7 @@ class LiveScorer:
         return manifest
 
     def _export(self) -> None:
-        with self._cond:
-            current = self._history[-1].manifest if self._history else None
+        current = self.versions.current()
         labels = self.scheme.labels()
         for name in MODEL_NAMES:
             coverage, pinball = self.drift.live[name].coverage(), self.drift.live[name].pinball()
@@ -403,8 +342,7 @@ class LiveScorer:
 
     def status(self) -> dict[str, Any]:
         labels = self.scheme.labels()
-        with self._cond:
-            current = self._history[-1].manifest if self._history else None
+        current = self.versions.current()
         models: dict[str, Any] = {}
         for name in MODEL_NAMES:
             live = self.drift.live[name]
@@ -454,10 +392,6 @@ def _base_margin(tree_margin: np.ndarray, feats: np.ndarray, base: ModelSpec) ->
     """The served margin without regime offsets (trees, calibration offset and whatever else
     ``served_latency_ms`` adds), which the regime offsets correct."""
     return to_margin_target(served_latency_ms(tree_margin, feats, base), base.target_transform)
-
-
-def _predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:
-    return np.asarray(booster.inplace_predict(feats, predict_type="margin"), dtype=np.float64)
 
 
 def _finite(value: float) -> float | None:
