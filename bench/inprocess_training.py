@@ -21,7 +21,6 @@ from prometheus_client import CollectorRegistry
 
 from prediction_server.predictor import Predictor
 from shared.artifacts import Manifest
-from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from shared.schemas import Columns
 from training_server.config import TrainingSettings
@@ -29,6 +28,11 @@ from training_server.live_scoring import LiveScorer
 from training_server.metrics import TrainingMetrics
 from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow
+
+try:
+    from shared.model_store import ModelStore
+except ImportError:  # --code: a checkout from before the store had its own module (9090d18)
+    from shared.artifacts import ModelStore  # type: ignore[attr-defined,no-redef]
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:
