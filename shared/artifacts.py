@@ -7,7 +7,8 @@ metrics, and per model a ``ModelSpec`` with its file name, size and SHA-256) and
 XGBoost's native UBJSON format, verified by SHA-256 before they are loaded
 (``verify_model_set``). No pickle anywhere. ``served_latency_ms`` is the one place where a
 model's margin becomes the latency a client is served: the baseline, the calibration offset and
-the online regime offsets, inverse-transformed.
+the online regime offsets, inverse-transformed (the prediction server's fused kernel repeats it in
+compiled form, checked bit for bit against it).
 """
 
 from __future__ import annotations
