@@ -7,7 +7,7 @@ like the trainer, then per batch:
 2. finds the *served* prediction: the scheduler's ``predicted_ttft_ms`` / ``predicted_tpot_ms``
    when it sent them (non-zero), else the prediction of the version that was current when the
    request was routed (its timestamp minus its TTFT), computed with XGBoost ``inplace_predict``
-   on one thread and ``shared.artifacts.served_latency_ms``;
+   on one thread and ``shared.artifacts.served_latency_ms`` (``training_server.served_versions``);
 3. updates live coverage and pinball per model and regime and looks for drift
    (``training_server.drift``); a drift event is logged, counted and asks for a retrain now.
    Live figures describe the current trees: they restart when a retrain publishes new ones, and
