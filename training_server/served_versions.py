@@ -91,23 +91,36 @@ class ServedVersions:
 
     def booster(self, manifest: Manifest, name: str) -> xgb.Booster | None:
         """``manifest``'s ``name`` trees, loaded once; ``None`` if the version lacks them or the store
-        pruned them."""
+        pruned them from every remembered version that holds them (a calibration version shares
+        its files with the version it is based on, which may have been pruned first)."""
         spec = manifest.models.get(name)
         if spec is None:
             return None
         booster = self._boosters.get(spec.sha256)
         if booster is None:
-            try:
-                data = self.store.read_file(manifest.version, spec.file)
-            except ArtifactError:
+            history = self._history
+            holders = [manifest, *(h.manifest for h in reversed(history) if h.manifest is not manifest)]
+            data = self._read(name, spec.sha256, holders)
+            if data is None:
                 return None
             booster = xgb.Booster(params={"nthread": 1})
             booster.load_model(bytearray(data))
-            history = self._history
             live = {m.manifest.models[n].sha256 for m in history for n in m.manifest.models}
             self._boosters = {k: v for k, v in self._boosters.items() if k in live}
             self._boosters[spec.sha256] = booster
         return booster
+
+    def _read(self, name: str, sha256: str, holders: list[Manifest]) -> bytes | None:
+        """The bytes of ``name``'s file with this SHA-256 from the first of ``holders`` that still has it."""
+        for manifest in holders:
+            spec = manifest.models.get(name)
+            if spec is None or spec.sha256 != sha256:
+                continue
+            try:
+                return self.store.read_file(manifest.version, spec.file)
+            except ArtifactError:
+                continue
+        return None
 
 
 def predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:
