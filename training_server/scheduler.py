@@ -24,9 +24,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.logging import log_event, log_task_failure
+from training_server.boosting import TrainingCancelled
 from training_server.config import TrainingSettings
 from training_server.metrics import TrainingMetrics
-from training_server.trainer import Trainer, TrainingCancelled, TrainingOutcome
+from training_server.trainer import Trainer, TrainingOutcome
 from training_server.window import StratifiedWindow
 
 log = logging.getLogger(__name__)

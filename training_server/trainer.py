@@ -10,7 +10,8 @@ regime and would make the offset swing with it. First a linear work-ahead baseli
 on the training part (``baseline_fit``: a quantile regression with non-negative slopes on the
 queued and in-flight work), then a quantile (or mean) XGBoost model on log1p(latency) with the
 baseline's log1p as ``base_margin``, so the trees learn the log-ratio around a latency that keeps
-growing with the work beyond the trained range (``monotone_constraints`` where physics says so).
+growing with the work beyond the trained range (monotone constraints where physics says so;
+``training_server.boosting`` fits the trees).
 TPOT's baseline may instead bend (concave, piecewise linear) where the newest held-out samples
 show TPOT stopped growing (``baseline_fit``: the trees' constraints cannot bring down a line that
 overshoots).
@@ -20,7 +21,7 @@ the offset on the newest residuals after the pool changed). A small window's spl
 handful of samples, whose conformal offset is their largest residual; below
 ``cross_conformal_below`` calibration samples every fitted sample calibrates instead, scored by
 trees fitted on the other folds, and the served trees are fitted on all of them
-(``_cross_conformal``). The candidate is scored on the held-out part,
+(``boosting.cross_conformal_margin``). The candidate is scored on the held-out part,
 always through ``shared.artifacts.served_latency_ms``, as serving computes it. The current
 published version is scored on the same held-out samples, with its own training-time calibration
 but not the online regime offsets published since (``live_scoring``): those were tracked on
@@ -37,7 +38,6 @@ one of the two models.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -57,12 +57,12 @@ from shared.artifacts import (
     to_margin_target,
 )
 from shared.errors import ArtifactError
-from shared.features import FEATURE_NAMES, NUM_FEATURES, build_features
+from shared.features import NUM_FEATURES, build_features
 from shared.logging import log_event
 from shared.model_store import ModelStore
 from shared.prior import build_prior_models
 from shared.regimes import RegimeOffsets
-from training_server import evaluation
+from training_server import boosting, evaluation
 from training_server.baseline_fit import baseline_form, fit_baseline
 from training_server.config import TrainingSettings
 from training_server.window import StratifiedWindow, WindowSnapshot
@@ -70,27 +70,7 @@ from training_server.window import StratifiedWindow, WindowSnapshot
 log = logging.getLogger(__name__)
 
 TARGETS = {"ttft": "actual_ttft_ms", "tpot": "actual_tpot_ms"}
-# Features that never lower the prediction when they grow (XGBoost monotone constraints):
-# more queued or in-flight prefill work never makes TTFT shorter; more running decode work (or
-# more requests in the pod, queue_depth) never makes TPOT shorter. The baseline's slopes are
-# non-negative too, so the served value is monotone in these features.
-MONOTONE_INCREASING: dict[str, tuple[str, ...]] = {
-    "ttft": (
-        "num_request_waiting",
-        "prefill_tokens_in_flight",
-        "uncached_input_tokens",
-        "queue_depth",
-        "prefill_work_tokens",
-    ),
-    "tpot": ("num_request_running", "decode_tokens_in_flight", "queue_depth"),
-}
-CROSS_FOLDS = 5  # folds of a cross-conformal calibration (``Trainer._cross_conformal``)
-MIN_TAIL_SAMPLES = 5  # samples a leaf needs beyond its quantile for that quantile to mean anything
 Outcome = Literal["published", "rejected", "skipped", "failed", "cancelled"]
-
-
-class TrainingCancelled(Exception):
-    """The service is shutting down; the run stopped without publishing."""
 
 
 @dataclass
@@ -129,15 +109,6 @@ class _Current:
     boosters: dict[str, xgb.Booster]
 
 
-class _StopWhenSet(xgb.callback.TrainingCallback):
-    def __init__(self, stop: threading.Event) -> None:
-        super().__init__()
-        self._stop = stop
-
-    def after_iteration(self, model: Any, epoch: int, evals_log: Any) -> bool:
-        return self._stop.is_set()
-
-
 # (model, its trees, their spec without regime offsets, the timestamp from which on no sample was
 # trained on, the features of the samples they were fitted and calibrated on) -> the regime offsets
 # to publish them with
@@ -159,30 +130,6 @@ class Trainer:
         self.offsets_for = offsets_for
         self._current: _Current | None = None
         self.stop = threading.Event()
-
-    def params(self, model: str | None = None) -> dict[str, Any]:
-        """XGBoost parameters; with ``model``, its monotone constraints too."""
-        s = self.settings
-        params: dict[str, Any] = {
-            "tree_method": "hist",
-            "max_depth": s.max_depth,
-            "eta": s.learning_rate,
-            "max_bin": s.max_bin,
-            "min_child_weight": min_leaf_samples(s.objective, s.quantile),
-            "nthread": s.training_threads,
-            "seed": 0,
-            "verbosity": 0,
-            # The margin is trees only: the baseline (or nothing) comes in as base_margin, so
-            # serving adds served_latency_ms's base margin to exactly what was trained around.
-            "base_score": 0.0,
-        }
-        if s.monotone_constraints and model is not None:
-            params["monotone_constraints"] = monotone_constraints(model)
-        if s.objective == "quantile":
-            params.update(objective="reg:quantileerror", quantile_alpha=s.quantile)
-        else:
-            params["objective"] = "reg:squarederror"
-        return params
 
     def run(
         self, snapshot: WindowSnapshot, now_s: float, window_samples: int | None = None
@@ -220,8 +167,8 @@ class Trainer:
         n_hold = max(1, round(len(rows) * s.holdout_fraction))
         n_cal = max(1, round(len(rows) * s.calibration_fraction))
         fit_rows, hold = rows[: len(rows) - n_hold], rows[len(rows) - n_hold :]
-        # Too few samples for a calibration split: every fitted sample calibrates, each predicted
-        # by trees that did not see it (``_cross_conformal``), and the served trees fit them all.
+        # Too few samples for a calibration split: every fitted sample calibrates, each predicted by
+        # trees that did not see it (``boosting.cross_conformal_margin``); the served trees fit them all.
         cross = s.objective == "quantile" and n_cal < s.cross_conformal_below
         if cross:
             train = cal = fit_rows
@@ -246,9 +193,11 @@ class Trainer:
             )
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         train_base = base_margin(train_x, spec)
-        booster = self._boost(name, train_x, target[train], weight, train_base)
+        booster = boosting.boost(s, name, train_x, target[train], weight, train_base, self.stop)
         if cross:
-            margin_cal = self._cross_conformal(name, train_x, target[train], weight, train_base)
+            margin_cal = boosting.cross_conformal_margin(
+                s, name, train_x, target[train], weight, train_base, self.stop
+            )
             cal_base = train_base
         else:
             margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
@@ -267,7 +216,7 @@ class Trainer:
         candidate = _Candidate(
             name,
             {"train": len(train), "calibration": len(cal), "holdout": len(hold)}
-            | ({"folds": CROSS_FOLDS} if cross else {}),
+            | ({"folds": boosting.CROSS_FOLDS} if cross else {}),
             booster=booster,
             offset=offset,
             baseline=baseline,
@@ -288,50 +237,6 @@ class Trainer:
                 actual[hold], cur_pred, s.objective, s.quantile
             )
         return candidate
-
-    def _boost(
-        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, base: np.ndarray
-    ) -> xgb.Booster:
-        """Trees for ``name`` on rows ``x`` (log1p targets), around the baseline's margin ``base``."""
-        s = self.settings
-        dtrain = xgb.QuantileDMatrix(
-            x,
-            label=target,
-            weight=weight,
-            base_margin=base,
-            max_bin=s.max_bin,
-            nthread=s.training_threads,
-        )
-        booster = xgb.train(
-            self.params(name), dtrain, num_boost_round=s.n_estimators, callbacks=[_StopWhenSet(self.stop)]
-        )
-        if self.stop.is_set():
-            raise TrainingCancelled()
-        return booster
-
-    def _cross_conformal(
-        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, base: np.ndarray
-    ) -> np.ndarray:
-        """The trees' margin on each row of ``x`` (time-ordered) from trees fitted without it.
-
-        The rows are cut into ``CROSS_FOLDS`` folds, each made of short runs spread over the whole
-        span (``evaluation.fold_ids``, as the calibration split is); each fold is predicted by trees
-        fitted on the others (cross-conformal, Vovk 2015; CV+, Barber, Candes, Ramdas and
-        Tibshirani 2021), around the same baseline, fitted on all of them: a handful of slopes,
-        whose optimism on the rows they saw is small beside the trees'. A small window's split
-        calibrates on a handful of samples, whose conformal offset is their largest residual or
-        nearly: the sharegpt H200 trace's first 550 entries hold two stalls (13 requests waited
-        1.4-5.1 s with no queue and an empty cache, against a median of 65 ms), and a split of
-        about 15 samples gave a first TTFT model an offset of 3.1 in log units (22x).
-        """
-        fold = evaluation.fold_ids(len(x), CROSS_FOLDS)
-        margin = np.empty(len(x))
-        for k in range(CROSS_FOLDS):
-            inside = fold != k
-            fold_weight = None if weight is None else weight[inside]
-            booster = self._boost(name, x[inside], target[inside], fold_weight, base[inside])
-            margin[~inside] = booster.inplace_predict(x[~inside], predict_type="margin")
-        return margin
 
     def _decide_and_publish(
         self, candidates: dict[str, _Candidate], current: _Current | None, window: int, used: int
@@ -460,25 +365,6 @@ def _recency_weights(
         return None
     age_s = np.maximum(now_s - snap.column("timestamp")[rows], 0.0)
     return np.asarray(0.5 ** (age_s / half_life_s))
-
-
-def min_leaf_samples(objective: str, quantile: float) -> int:
-    """XGBoost's ``min_child_weight``: the fewest samples per leaf (the hessian is 1 per sample).
-
-    A quantile leaf's value is the q-quantile of its samples' residuals, so it needs
-    ``MIN_TAIL_SAMPLES`` samples beyond that quantile: 50 for p90 instead of a flat 5, which let
-    p90 leaves follow single samples (docs/accuracy-history.md: lower pinball loss for both
-    models on the simulator).
-    """
-    if objective != "quantile":
-        return MIN_TAIL_SAMPLES
-    return math.ceil(MIN_TAIL_SAMPLES / min(quantile, 1.0 - quantile) - 1e-9)
-
-
-def monotone_constraints(model: str) -> str:
-    """XGBoost's ``monotone_constraints`` for ``model``: +1 for ``MONOTONE_INCREASING`` features."""
-    increasing = MONOTONE_INCREASING[model]
-    return "(" + ",".join("1" if name in increasing else "0" for name in FEATURE_NAMES) + ")"
 
 
 def _summary(c: _Candidate) -> dict[str, Any]:

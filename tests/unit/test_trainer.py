@@ -16,9 +16,10 @@ from shared.features import build_features
 from shared.model_store import ModelStore
 from shared.prior import publish_prior
 from training_server import synthetic
+from training_server.boosting import TrainingCancelled, min_leaf_samples, params
 from training_server.config import TrainingSettings
 from training_server.evaluation import calibration_mask, conformal_offset, evaluate, fold_ids, pinball_loss
-from training_server.trainer import Trainer, TrainingCancelled, min_leaf_samples
+from training_server.trainer import Trainer
 from training_server.window import StratifiedWindow, WindowSnapshot
 
 QUANTILE = 0.9
@@ -302,7 +303,7 @@ def test_cross_conformal_folds_each_span_the_window_in_short_runs() -> None:
 
 
 def test_quantile_leaves_hold_enough_samples_beyond_their_quantile(tmp_path: Path) -> None:
-    assert Trainer(ModelStore(tmp_path), _settings(tmp_path)).params()["min_child_weight"] == 50  # p90
+    assert params(_settings(tmp_path))["min_child_weight"] == 50  # p90
     assert min_leaf_samples("quantile", 0.5) == 10 and min_leaf_samples("quantile", 0.99) == 500
     assert min_leaf_samples("mean", 0.9) == 5
 
