@@ -10,13 +10,15 @@ Pairs whose actual value is not positive carry no measurement (0 means "no TPOT"
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shared.schemas import Columns
 from training_server.evaluation import evaluate, pinball_loss
 from training_server.window import stratum_ids, stratum_label
+
+if TYPE_CHECKING:  # annotations only: --code may run a checkout from before shared.wire_fields
+    from shared.wire_fields import Columns
 
 DIMENSIONS: tuple[str, ...] = ("waiting", "kv", "prefix")
 _DIMENSION_COLUMNS = {

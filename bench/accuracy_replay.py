@@ -46,11 +46,12 @@ import numpy as np
 import orjson
 
 from shared.artifacts import MODEL_NAMES
-from shared.schemas import Columns, parse_rows
+from shared.schemas import parse_rows
 from stack.simulator import Cluster, Completion, FirstToken, PodConfig, SimRequest, Workload, WorkloadConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: --code may run a checkout from before shared.wire_fields
     from bench.accuracy_naive import SlidingWindowBaseline
+    from shared.wire_fields import Columns
 
 Routing = Literal["random", "round-robin"]
 # When a request's samples are posted: both targets once it completed, or (as llm-d's EPP does

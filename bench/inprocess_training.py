@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -22,7 +22,6 @@ from prometheus_client import CollectorRegistry
 from prediction_server.predictor import Predictor
 from shared.artifacts import Manifest
 from shared.prior import publish_prior
-from shared.schemas import Columns
 from training_server.config import TrainingSettings
 from training_server.live_scoring import LiveScorer
 from training_server.metrics import TrainingMetrics
@@ -33,6 +32,8 @@ try:
     from shared.model_store import ModelStore
 except ImportError:  # --code: a checkout from before the store had its own module (9090d18)
     from shared.artifacts import ModelStore  # type: ignore[attr-defined,no-redef]
+if TYPE_CHECKING:  # annotations only: --code may run a checkout from before shared.wire_fields
+    from shared.wire_fields import Columns
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:

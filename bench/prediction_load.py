@@ -73,7 +73,7 @@ from shared.features import build_features  # noqa: E402
 from shared.model_store import ModelStore  # noqa: E402
 from shared.prior import prior_latency_ms, synthetic_columns  # noqa: E402
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets  # noqa: E402
-from shared.schemas import pod_type_name  # noqa: E402
+from shared.wire_fields import pod_type_name  # noqa: E402
 from training_server.baseline_fit import widest_baseline  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

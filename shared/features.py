@@ -1,6 +1,6 @@
 """The one feature function, shared by training and serving (numpy only).
 
-Both services turn validated wire columns (``shared.schemas.Columns``) into the same
+Both services turn validated wire columns (``shared.wire_fields.Columns``) into the same
 float32 matrix. Any change to the names, their order or their meaning must bump
 ``FEATURE_VERSION``: model artifacts record it, and a mismatched artifact is refused.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shared.schemas import Columns
+from shared.wire_fields import Columns
 
 FEATURE_VERSION = 1
 

@@ -16,7 +16,7 @@ import numpy as np
 from shared.artifacts import TargetTransform, to_margin_target
 from shared.features import build_features
 from shared.model_store import ModelStore
-from shared.schemas import Columns
+from shared.wire_fields import Columns
 from shared.xgboost_import import import_xgboost
 
 PRIOR_SEED = 20261130

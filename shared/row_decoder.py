@@ -2,7 +2,7 @@
 
 The prediction hot path's first step. ``decode_bulk`` (``{"requests": [row, ...]}``) and
 ``decode_row`` (one row) turn a body into a ``RowMatrix`` in one C pass of msgspec over the bytes,
-against typed structs generated from ``shared.schemas.ROW_FIELDS``: no dict per row, no
+against typed structs generated from ``shared.wire_fields.ROW_FIELDS``: no dict per row, no
 Python-level check per value. They accept a strict subset of what ``shared.schemas`` accepts:
 ints for int fields, ints or floats for float fields, each within its bounds, a known
 ``pod_type`` name, optional fields absent, an ASCII body (msgspec skips unknown fields without
@@ -23,7 +23,8 @@ from typing import Annotated, Any, Literal, NamedTuple
 import msgspec
 import numpy as np
 
-from shared.schemas import MAX_BULK_ROWS, POD_TYPE_CODES, ROW_FIELDS, Columns, FieldSpec
+from shared.schemas import MAX_BULK_ROWS
+from shared.wire_fields import POD_TYPE_CODES, ROW_FIELDS, Columns, FieldSpec
 
 NUMERIC_ROW_FIELDS: tuple[str, ...] = tuple(spec.name for spec in ROW_FIELDS if spec.kind != "pod_type")
 NUMERIC_FIELDS = len(NUMERIC_ROW_FIELDS)

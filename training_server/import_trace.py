@@ -31,7 +31,8 @@ import numpy as np
 
 from shared.client import bearer_headers, retry_after_s
 from shared.errors import InvalidInput
-from shared.schemas import Columns, parse_training_entries
+from shared.schemas import parse_training_entries
+from shared.wire_fields import Columns
 from training_server.config import TrainingSettings
 from training_server.trace_files import read_entries
 

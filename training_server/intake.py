@@ -28,7 +28,7 @@ import numpy as np
 
 from shared.errors import IngestSaturated, Overloaded
 from shared.logging import log_event
-from shared.schemas import Columns
+from shared.wire_fields import Columns
 from training_server.window import StratifiedWindow
 
 log = logging.getLogger(__name__)

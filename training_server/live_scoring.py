@@ -42,7 +42,7 @@ from shared.features import build_features
 from shared.logging import log_event
 from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
-from shared.schemas import Columns
+from shared.wire_fields import Columns
 from training_server.config import TrainingSettings
 from training_server.drift import DriftDetector, DriftEvent
 from training_server.evaluation import pinball_loss

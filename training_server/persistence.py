@@ -21,7 +21,7 @@ import numpy as np
 
 from shared.errors import Overloaded
 from shared.logging import log_event
-from shared.schemas import ROW_FIELD_NAMES, Columns
+from shared.wire_fields import ROW_FIELD_NAMES, Columns
 from training_server.config import TrainingSettings
 from training_server.idempotency import Claim, Outcome, RecentKeys
 from training_server.intake import Intake

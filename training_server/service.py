@@ -28,7 +28,8 @@ from shared.logging import log_event, log_task_failure
 from shared.metrics import counter_totals
 from shared.model_store import CURRENT_FILE, ModelStore
 from shared.prior import publish_prior
-from shared.schemas import Columns, parse_training_entries, require_entries
+from shared.schemas import parse_training_entries, require_entries
+from shared.wire_fields import Columns
 from training_server.config import TrainingSettings
 from training_server.drift import DriftEvent
 from training_server.idempotency import MAX_KEY_LENGTH

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.schemas import POD_TYPE_NAMES, ROW_FIELDS, Columns
+from shared.wire_fields import POD_TYPE_NAMES, ROW_FIELDS, Columns
 
 INT_FIELDS = tuple(spec.name for spec in ROW_FIELDS if spec.kind == "int")
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from shared.atomic import write_atomic
 from shared.regimes import KV_EDGES, WAITING_EDGES
-from shared.schemas import ROW_FIELD_NAMES, Columns, pod_type_name
+from shared.wire_fields import ROW_FIELD_NAMES, Columns, pod_type_name
 
 TARGET_NAMES: tuple[str, ...] = ("actual_ttft_ms", "actual_tpot_ms")
 COLUMN_NAMES: tuple[str, ...] = (*ROW_FIELD_NAMES, *TARGET_NAMES, "timestamp", "seq")

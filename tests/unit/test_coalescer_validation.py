@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidInput
-from shared.schemas import ROW_FIELDS, parse_rows, rows_valid
+from shared.schemas import parse_rows, rows_valid
+from shared.wire_fields import ROW_FIELDS
 
 GOOD: dict[str, Any] = {
     "kv_cache_percentage": 0.5,

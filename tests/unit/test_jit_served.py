@@ -20,7 +20,8 @@ from shared.features import build_features
 from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.row_decoder import RowMatrix, from_columns, to_columns
-from shared.schemas import MAX_COUNT, parse_rows
+from shared.schemas import parse_rows
+from shared.wire_fields import MAX_COUNT
 from tests.prediction_support import publish_trained, random_rows
 
 pytestmark = pytest.mark.skipif(not warm_served_kernel(), reason="numba is not installed")

@@ -9,15 +9,8 @@ import orjson
 import pytest
 
 from shared.errors import InvalidInput
-from shared.schemas import (
-    MAX_BULK_ROWS,
-    ROW_FIELD_NAMES,
-    loads,
-    parse_row,
-    parse_rows,
-    parse_training_entries,
-    require_list,
-)
+from shared.schemas import MAX_BULK_ROWS, loads, parse_row, parse_rows, parse_training_entries, require_list
+from shared.wire_fields import ROW_FIELD_NAMES
 
 ROW = {
     "kv_cache_percentage": 0.5,

@@ -1,5 +1,5 @@
 """The fast validated path of ``shared.schemas.parse_rows`` accepts exactly what the field-by-field
-path accepts, with the same columns, and serves every well-formed row.
+path (``shared.row_errors.explain_rows``) accepts, with the same columns, and serves every well-formed row.
 
 Every prediction call goes through the fast path; the field-by-field path is the one that explains
 a 422. A value the fast path let through that the other refuses would be served unvalidated; a
@@ -15,13 +15,9 @@ import numpy as np
 import pytest
 
 from shared.errors import InvalidInput
-from shared.schemas import (
-    PREDICTED_FIELDS,
-    ROW_FIELDS,
-    TARGET_FIELDS,
-    _parse_field_by_field,
-    _parse_valid_fast,
-)
+from shared.row_errors import explain_rows
+from shared.schemas import _parse_valid_fast
+from shared.wire_fields import PREDICTED_FIELDS, ROW_FIELDS, TARGET_FIELDS
 from tests.unit.test_coalescer_validation import GOOD, ODD_VALUES
 
 FULL: dict[str, Any] = {
@@ -37,7 +33,7 @@ TRAINING_FIELDS = (*ROW_FIELDS, *TARGET_FIELDS, *PREDICTED_FIELDS)
 
 def slow(rows: list[Any], fields: Any = ROW_FIELDS) -> dict[str, np.ndarray] | None:
     try:
-        return _parse_field_by_field(rows, ("body", "requests"), fields, None)
+        return explain_rows(rows, ("body", "requests"), fields, None)
     except InvalidInput:
         return None
 
