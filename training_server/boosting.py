@@ -35,7 +35,7 @@ MONOTONE_INCREASING: dict[str, tuple[str, ...]] = {
     ),
     "tpot": ("num_request_running", "decode_tokens_in_flight", "queue_depth"),
 }
-CROSS_FOLDS = 5  # folds of a cross-conformal calibration (``cross_conformal_margin``)
+CROSS_FOLDS = 5  # folds of a cross-conformal calibration (``TreeFitter.cross_conformal_margin``)
 MIN_TAIL_SAMPLES = 5  # samples a leaf needs beyond its quantile for that quantile to mean anything
 
 
@@ -68,62 +68,56 @@ def params(settings: TrainingSettings, model: str | None = None) -> dict[str, An
     return out
 
 
-def boost(
-    settings: TrainingSettings,
-    name: str,
-    x: np.ndarray,
-    target: np.ndarray,
-    weight: np.ndarray | None,
-    base: np.ndarray,
-    stop: threading.Event,
-) -> xgb.Booster:
-    """Trees for ``name`` on rows ``x`` (log1p targets), around the baseline's margin ``base``."""
-    s = settings
-    dtrain = xgb.QuantileDMatrix(
-        x,
-        label=target,
-        weight=weight,
-        base_margin=base,
-        max_bin=s.max_bin,
-        nthread=s.training_threads,
-    )
-    booster = xgb.train(
-        params(s, name), dtrain, num_boost_round=s.n_estimators, callbacks=[_StopWhenSet(stop)]
-    )
-    if stop.is_set():
-        raise TrainingCancelled()
-    return booster
+class TreeFitter:
+    """Fits ``settings``' trees; every fit stops at the next round once ``stop`` is set."""
 
+    def __init__(self, settings: TrainingSettings, stop: threading.Event) -> None:
+        self.settings = settings
+        self.stop = stop
 
-def cross_conformal_margin(
-    settings: TrainingSettings,
-    name: str,
-    x: np.ndarray,
-    target: np.ndarray,
-    weight: np.ndarray | None,
-    base: np.ndarray,
-    stop: threading.Event,
-) -> np.ndarray:
-    """The trees' margin on each row of ``x`` (time-ordered) from trees fitted without it.
+    def boost(
+        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, base: np.ndarray
+    ) -> xgb.Booster:
+        """Trees for ``name`` on rows ``x`` (log1p targets), around the baseline's margin ``base``."""
+        s = self.settings
+        dtrain = xgb.QuantileDMatrix(
+            x,
+            label=target,
+            weight=weight,
+            base_margin=base,
+            max_bin=s.max_bin,
+            nthread=s.training_threads,
+        )
+        booster = xgb.train(
+            params(s, name), dtrain, num_boost_round=s.n_estimators, callbacks=[_StopWhenSet(self.stop)]
+        )
+        if self.stop.is_set():
+            raise TrainingCancelled()
+        return booster
 
-    The rows are cut into ``CROSS_FOLDS`` folds, each made of short runs spread over the whole
-    span (``evaluation.fold_ids``, as the calibration split is); each fold is predicted by trees
-    fitted on the others (cross-conformal, Vovk 2015; CV+, Barber, Candes, Ramdas and
-    Tibshirani 2021), around the same baseline, fitted on all of them: a handful of slopes,
-    whose optimism on the rows they saw is small beside the trees'. A small window's split
-    calibrates on a handful of samples, whose conformal offset is their largest residual or
-    nearly: the sharegpt H200 trace's first 550 entries hold two stalls (13 requests waited
-    1.4-5.1 s with no queue and an empty cache, against a median of 65 ms), and a split of
-    about 15 samples gave a first TTFT model an offset of 3.1 in log units (22x).
-    """
-    fold = evaluation.fold_ids(len(x), CROSS_FOLDS)
-    margin = np.empty(len(x))
-    for k in range(CROSS_FOLDS):
-        inside = fold != k
-        fold_weight = None if weight is None else weight[inside]
-        booster = boost(settings, name, x[inside], target[inside], fold_weight, base[inside], stop)
-        margin[~inside] = booster.inplace_predict(x[~inside], predict_type="margin")
-    return margin
+    def cross_conformal_margin(
+        self, name: str, x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, base: np.ndarray
+    ) -> np.ndarray:
+        """The trees' margin on each row of ``x`` (time-ordered) from trees fitted without it.
+
+        The rows are cut into ``CROSS_FOLDS`` folds, each made of short runs spread over the whole
+        span (``evaluation.fold_ids``, as the calibration split is); each fold is predicted by trees
+        fitted on the others (cross-conformal, Vovk 2015; CV+, Barber, Candes, Ramdas and
+        Tibshirani 2021), around the same baseline, fitted on all of them: a handful of slopes,
+        whose optimism on the rows they saw is small beside the trees'. A small window's split
+        calibrates on a handful of samples, whose conformal offset is their largest residual or
+        nearly: the sharegpt H200 trace's first 550 entries hold two stalls (13 requests waited
+        1.4-5.1 s with no queue and an empty cache, against a median of 65 ms), and a split of
+        about 15 samples gave a first TTFT model an offset of 3.1 in log units (22x).
+        """
+        fold = evaluation.fold_ids(len(x), CROSS_FOLDS)
+        margin = np.empty(len(x))
+        for k in range(CROSS_FOLDS):
+            inside = fold != k
+            fold_weight = None if weight is None else weight[inside]
+            booster = self.boost(name, x[inside], target[inside], fold_weight, base[inside])
+            margin[~inside] = booster.inplace_predict(x[~inside], predict_type="margin")
+        return margin
 
 
 def min_leaf_samples(objective: str, quantile: float) -> int:

@@ -21,7 +21,7 @@ the offset on the newest residuals after the pool changed). A small window's spl
 handful of samples, whose conformal offset is their largest residual; below
 ``cross_conformal_below`` calibration samples every fitted sample calibrates instead, scored by
 trees fitted on the other folds, and the served trees are fitted on all of them
-(``boosting.cross_conformal_margin``). The candidate is scored on the held-out part,
+(``boosting.TreeFitter.cross_conformal_margin``). The candidate is scored on the held-out part,
 always through ``shared.artifacts.served_latency_ms``, as serving computes it. The current
 published version is scored on the same held-out samples, with its own training-time calibration
 but not the online regime offsets published since (``live_scoring``): those were tracked on
@@ -130,6 +130,7 @@ class Trainer:
         self.offsets_for = offsets_for
         self._current: _Current | None = None
         self.stop = threading.Event()
+        self.fitter = boosting.TreeFitter(settings, self.stop)
 
     def run(
         self, snapshot: WindowSnapshot, now_s: float, window_samples: int | None = None
@@ -168,7 +169,7 @@ class Trainer:
         n_cal = max(1, round(len(rows) * s.calibration_fraction))
         fit_rows, hold = rows[: len(rows) - n_hold], rows[len(rows) - n_hold :]
         # Too few samples for a calibration split: every fitted sample calibrates, each predicted by
-        # trees that did not see it (``boosting.cross_conformal_margin``); the served trees fit them all.
+        # trees that did not see it (``TreeFitter.cross_conformal_margin``); the served trees fit all.
         cross = s.objective == "quantile" and n_cal < s.cross_conformal_below
         if cross:
             train = cal = fit_rows
@@ -193,11 +194,9 @@ class Trainer:
             )
         spec = ModelSpec(file="", sha256="", size_bytes=0, baseline=baseline)
         train_base = base_margin(train_x, spec)
-        booster = boosting.boost(s, name, train_x, target[train], weight, train_base, self.stop)
+        booster = self.fitter.boost(name, train_x, target[train], weight, train_base)
         if cross:
-            margin_cal = boosting.cross_conformal_margin(
-                s, name, train_x, target[train], weight, train_base, self.stop
-            )
+            margin_cal = self.fitter.cross_conformal_margin(name, train_x, target[train], weight, train_base)
             cal_base = train_base
         else:
             margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
