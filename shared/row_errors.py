@@ -57,6 +57,7 @@ class ErrorItems:
 
 
 def error_item(kind: str, loc: list[Any], msg: str, value: Any) -> dict[str, Any]:
+    """One FastAPI-style error item; a value JSON cannot carry (NaN, a huge int) is given as text."""
     if (isinstance(value, float) and not math.isfinite(value)) or (
         isinstance(value, int) and abs(value) >= 2**63
     ):
@@ -72,7 +73,8 @@ def explain_column(
     single: bool = False,
     indices: Sequence[int] | None = None,
 ) -> np.ndarray:
-    """One field of ``rows``; ``indices`` maps a position in ``rows`` to the index reported."""
+    """One field of ``rows`` as a column, every bad value added to ``errors`` (``single``: one row,
+    located at ``loc`` + field); ``indices`` maps a position in ``rows`` to the index reported."""
     name = spec.name
     values = [row.get(name) for row in rows]
 
