@@ -28,15 +28,6 @@ from stack.launcher import ChildExited, Launcher, StackError, describe_exits
 
 log = logging.getLogger("stack")
 
-# Demo-only defaults (the environment still wins): retrain often enough that a short demo
-# shows the model being replaced, instead of the production cadence of a minute.
-_DEMO_ENV_DEFAULTS = {
-    "TRAINING_SERVER_RETRAIN_INTERVAL_S": "10",
-    "TRAINING_SERVER_MIN_NEW_SAMPLES": "2000",
-    "TRAINING_SERVER_RETRAIN_MIN_GAP_S": "3",
-}
-
-
 PROG = "python -m stack"
 EPILOG = """\
 The demo: a simulated pool of LLM-serving pods routed by the stack's predictions, with a live panel:
@@ -58,8 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_cli(StackSettings, argv, prog=PROG, epilog=EPILOG)
     log_file = settings.data_dir.resolve() / "logs" / "stack.log" if settings.demo else None
     configure_logging("stack", settings.log_level, path=log_file)
-    env_defaults = _DEMO_ENV_DEFAULTS if settings.demo else {}
-    launcher = Launcher(settings, env_defaults=env_defaults)
+    launcher = Launcher(settings)
     # Explicit handlers for both: Python only turns SIGINT into KeyboardInterrupt when the signal
     # was not ignored at start, and a shell's background job (or nohup) starts us with it ignored.
     signal.signal(signal.SIGINT, _on_stop_signal)

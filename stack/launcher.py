@@ -114,7 +114,7 @@ def plan(settings: StackSettings) -> list[ChildSpec]:
     return [training, *replicas, coalescer]
 
 
-def child_env(settings: StackSettings, env: dict[str, str], defaults: dict[str, str]) -> dict[str, str]:
+def child_env(settings: StackSettings, env: dict[str, str]) -> dict[str, str]:
     """The services' environment: ``env`` wins over the stack's defaults for their settings."""
     workers = str(settings.workers)
     stack_defaults = {
@@ -124,7 +124,6 @@ def child_env(settings: StackSettings, env: dict[str, str], defaults: dict[str, 
         # Each replica serves `workers` calls at once: let the coalescer keep them all busy.
         "COALESCER_EAGER_INFLIGHT_PER_REPLICA": workers,
         "COALESCER_MAX_INFLIGHT_PER_REPLICA": str(max(4, settings.workers)),
-        **defaults,
     }
     merged = {**stack_defaults, **env}
     merged["PYTHONUNBUFFERED"] = "1"
@@ -135,17 +134,12 @@ def child_env(settings: StackSettings, env: dict[str, str], defaults: dict[str, 
 class Launcher:
     """Start, watch and stop the stack's processes. Use as a context manager or call ``stop``."""
 
-    def __init__(
-        self,
-        settings: StackSettings,
-        env: dict[str, str] | None = None,
-        env_defaults: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, settings: StackSettings, env: dict[str, str] | None = None) -> None:
         self.settings = settings
         self.specs = plan(settings)
         self.log_dir = settings.data_dir.resolve() / "logs"
         self.children: list[Child] = []
-        self._env = child_env(settings, dict(os.environ if env is None else env), env_defaults or {})
+        self._env = child_env(settings, dict(os.environ if env is None else env))
 
     def url(self, name: str) -> str:
         return f"http://{_url_host(self.settings.host)}:{self._spec(name).port}"
