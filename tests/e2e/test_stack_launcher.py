@@ -5,6 +5,7 @@ process left behind however it stops (SIGINT, SIGTERM, a dead child, even SIGKIL
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import orjson
 import pytest
 
 from tests.procs import REPO_ROOT, free_base_port
+from training_server.config import TrainingSettings
 
 pytestmark = pytest.mark.e2e
 
@@ -163,6 +165,13 @@ def test_demo_runs_through_the_stack_and_everything_stops(start_stack: StartStac
     assert len(services) >= 4, "training server, two replicas and the coalescer"
     with httpx.Client(timeout=5.0) as client:
         assert client.get(training_url + "/readyz").status_code == 200
+        # The demo shows the training server as it runs by default: it retrains on as few new
+        # samples as the defaults say (a slower demo-only cadence once hid the defaults' freshness).
+        status = client.get(training_url + "/status").json()
+        defaults = TrainingSettings()
+        window = status["window"]["samples"]
+        due = max(defaults.min_new_samples, math.ceil(defaults.min_new_fraction * window))
+        assert status["training"]["due_new_samples"] == due, status["training"]
         resp = client.post(prediction_url + "/predict/bulk/strict", json={"requests": [ROW, ROW]})
         assert resp.status_code == 200, resp.text
         predictions = resp.json()["predictions"]
