@@ -116,8 +116,14 @@ class TreeFitter:
             inside = fold != k
             fold_weight = None if weight is None else weight[inside]
             booster = self.boost(name, x[inside], target[inside], fold_weight, base[inside])
-            margin[~inside] = booster.inplace_predict(x[~inside], predict_type="margin")
+            margin[~inside] = predict_margin(booster, x[~inside])
         return margin
+
+
+def predict_margin(booster: xgb.Booster, x: np.ndarray) -> np.ndarray:
+    """The trees' raw margin on rows ``x`` (float64, without any base margin): what
+    ``shared.artifacts.served_latency_ms`` turns into a served value."""
+    return np.asarray(booster.inplace_predict(x, predict_type="margin"), dtype=np.float64)
 
 
 def min_leaf_samples(objective: str, quantile: float) -> int:

@@ -43,13 +43,14 @@ from shared.logging import log_event
 from shared.model_store import ModelStore
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.wire_fields import Columns
+from training_server.boosting import predict_margin
 from training_server.config import TrainingSettings
 from training_server.drift import DriftDetector, DriftEvent
 from training_server.evaluation import pinball_loss
 from training_server.metrics import TrainingMetrics
 from training_server.online_calibration import RegimeCalibrator
 from training_server.scheduler import lower_priority
-from training_server.served_versions import Margins, ServedVersions, predict_margin
+from training_server.served_versions import Margins, ServedVersions
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,10 @@ scorer takes its timestamp minus its TTFT). ``ServedVersions`` remembers the las
 versions, each with the time it became current here, and predicts a row again with the version
 that served it: its trees' margin (XGBoost ``inplace_predict`` on one thread) through
 ``shared.artifacts.served_latency_ms``, as a replica computes it. Boosters are loaded from the
-store once per model file (by SHA-256) and dropped when no remembered version uses them; a version
-pruned from the store leaves its rows unscored (NaN).
+store once per model file (by SHA-256), from any remembered version that holds that file (a
+calibration version hard-links the files of the version it is based on, which may be pruned
+first), and dropped when no remembered version uses them; rows whose trees no remembered version
+still holds go unscored (NaN).
 
 Versions are set from any thread; predictions are made on the live-scoring thread only.
 """
@@ -22,6 +24,7 @@ import xgboost as xgb
 from shared.artifacts import Manifest, served_latency_ms
 from shared.errors import ArtifactError
 from shared.model_store import ModelStore
+from training_server.boosting import predict_margin
 
 HISTORY = 8  # versions remembered for "the version that served this request"
 # The trees' margin per row of one batch, by the trees' SHA-256 ("" for a model a version lacks):
@@ -121,7 +124,3 @@ class ServedVersions:
             except ArtifactError:
                 continue
         return None
-
-
-def predict_margin(booster: xgb.Booster, feats: np.ndarray) -> np.ndarray:
-    return np.asarray(booster.inplace_predict(feats, predict_type="margin"), dtype=np.float64)

@@ -199,7 +199,7 @@ class Trainer:
             margin_cal = self.fitter.cross_conformal_margin(name, train_x, target[train], weight, train_base)
             cal_base = train_base
         else:
-            margin_cal = booster.inplace_predict(features[cal], predict_type="margin")
+            margin_cal = boosting.predict_margin(booster, features[cal])
             cal_base = base_margin(features[cal], spec)
         if s.objective == "quantile":
             cal_weight = _recency_weights(snap, cal, now_s, s.calibration_half_life_s)
@@ -207,7 +207,7 @@ class Trainer:
         else:
             offset = evaluation.mean_offset(target[cal], cal_base + margin_cal)
         spec = ModelSpec(file="", sha256="", size_bytes=0, calibration_offset=offset, baseline=baseline)
-        hold_margin = booster.inplace_predict(hold_x, predict_type="margin")
+        hold_margin = boosting.predict_margin(booster, hold_x)
         predicted = served_latency_ms(hold_margin, hold_x, spec)
         metrics = evaluation.evaluate(actual[hold], predicted, snap.strata[hold], s.objective, s.quantile)
         cal_predicted = served_latency_ms(margin_cal, features[cal], spec)
@@ -227,7 +227,7 @@ class Trainer:
         if current is not None and name in current.boosters:
             # Without its online offsets, tracked on these very samples (see the module docstring).
             cur_spec = replace(current.manifest.models[name], regime_offsets=None)
-            cur_margin = current.boosters[name].inplace_predict(hold_x, predict_type="margin")
+            cur_margin = boosting.predict_margin(current.boosters[name], hold_x)
             cur_pred = served_latency_ms(cur_margin, hold_x, cur_spec)
             candidate.current_metrics = evaluation.evaluate(
                 actual[hold], cur_pred, snap.strata[hold], s.objective, s.quantile
