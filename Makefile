@@ -1,7 +1,7 @@
 # Developer shortcuts. The README's two commands work without make.
 PY ?= .venv/bin/python
 
-.PHONY: install lint test unit e2e bench run demo
+.PHONY: install lint test unit e2e bench soak run demo
 install:
 	python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'
 lint:
@@ -23,6 +23,8 @@ bench:  # each writes its report under docs/; see docs/benchmarks.md (takes ~85 
 	OMP_NUM_THREADS=1 $(PY) -m bench.routing_compare
 	for rps in 14 17 20 24; do OMP_NUM_THREADS=1 $(PY) -m bench.routing_online --rps $$rps; done
 	OMP_NUM_THREADS=1 $(PY) -m bench.routing_rollout
+soak:  # the whole stack under the demo workload for one simulated hour (30 min), its resources sampled
+	OMP_NUM_THREADS=1 $(PY) -m bench.soak
 run:
 	$(PY) -m stack
 demo:
