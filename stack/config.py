@@ -49,6 +49,12 @@ class StackSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="Log level of the launcher and the services"
     )
+    log_max_mb: float = Field(
+        default=50.0,
+        gt=0,
+        description="A service's log file past this size is copied to <name>.log.1 (replacing the last "
+        "copy) and emptied, so each service keeps at most about twice this on disk",
+    )
     demo: bool = Field(default=False, description="Run the simulated demo workload, then stop the stack")
     demo_duration_s: float = Field(default=120.0, gt=0, description="Simulated seconds of demo traffic")
     demo_pods: int = Field(

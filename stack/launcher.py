@@ -2,11 +2,11 @@
 
 Every service runs as ``python -m <package>`` in its own session (so a terminal's Ctrl-C
 reaches only the launcher, which then stops the children in order) with its output in
-``<data-dir>/logs/<name>.log``. Stopping sends SIGTERM to each child's process group
-(the service and any worker processes it forked), waits up to a timeout, then SIGKILLs
-whatever is left of the group. On Linux each child also asks the kernel for SIGTERM if the
-launcher dies without cleaning up (``PR_SET_PDEATHSIG``), so even ``kill -9`` of the
-launcher leaves no service running.
+``<data-dir>/logs/<name>.log``, rotated once it passes ``log_max_mb`` (``rotate_logs``).
+Stopping sends SIGTERM to each child's process group (the service and any worker processes it
+forked), waits up to a timeout, then SIGKILLs whatever is left of the group. On Linux each child
+also asks the kernel for SIGTERM if the launcher dies without cleaning up
+(``PR_SET_PDEATHSIG``), so even ``kill -9`` of the launcher leaves no service running.
 
 Spawning happens before any thread exists in this process (``preexec_fn`` is only safe
 then); the launcher never restarts a child: a child that dies is reported and ends the stack.
@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -174,11 +175,33 @@ class Launcher:
         )
 
     def check(self) -> None:
-        """Raise ``ChildExited`` if any service has exited (the stack does not restart them)."""
+        """Raise ``ChildExited`` if any service has exited (the stack does not restart them); keep
+        every service's log under its cap (``rotate_logs``). Call it every second or so."""
         for child in self.children:
             code = child.proc.poll()
             if code is not None:
                 raise ChildExited(child.spec.name, code, child.log_path, child.log_tail())
+        self.rotate_logs()
+
+    def rotate_logs(self) -> None:
+        """Copy each log past ``log_max_mb`` to ``<name>.log.1`` (replacing the last copy) and empty it.
+
+        A service logs an event per retrain and per calibration version, about a megabyte an hour
+        each, for as long as the stack runs. The service keeps its file open and writes on: it was
+        opened for appending, so after the truncation its next line lands at the new end (logrotate's
+        ``copytruncate``; a line written between the copy and the truncation is lost).
+        """
+        cap = self.settings.log_max_mb * 2**20
+        for child in self.children:
+            try:
+                if child.log_path.stat().st_size <= cap:
+                    continue
+                shutil.copyfile(child.log_path, child.log_path.with_name(child.log_path.name + ".1"))
+                os.truncate(child.log_path, 0)
+            except OSError as exc:  # a full disk or a removed file must not stop the stack
+                log_event(log, "log_rotation_failed", logging.WARNING, child=child.spec.name, error=str(exc))
+                continue
+            log_event(log, "log_rotated", child=child.spec.name, log=str(child.log_path))
 
     def stop(self) -> dict[str, int]:
         """Stop every service: coalescer first, training server last; return exit codes by name.

@@ -20,7 +20,9 @@ import httpx
 import orjson
 import pytest
 
-from tests.procs import REPO_ROOT, free_base_port
+from stack.config import StackSettings
+from stack.launcher import Child, ChildSpec, Launcher
+from tests.procs import REPO_ROOT, free_base_port, wait_until
 from training_server.config import TrainingSettings
 
 pytestmark = pytest.mark.e2e
@@ -261,3 +263,37 @@ def test_killed_launcher_takes_its_children_down(start_stack: StartStack) -> Non
     stack.proc.kill()  # no chance to clean up: the kernel's parent-death signal must do it
     stack.proc.wait()
     assert not wait_gone(services, services, 20), "services survived a SIGKILLed launcher"
+
+
+def test_a_log_past_its_cap_is_rotated_while_the_service_writes_on(tmp_path: Path) -> None:
+    """A stack runs for weeks and its services log every retrain and calibration version: past
+    ``log_max_mb`` the supervision loop copies a log to ``.log.1`` and empties it, and the service,
+    which keeps the file open, appends at the new start (a file opened without O_APPEND would go on
+    at its old offset, behind a hole of NUL bytes)."""
+    settings = StackSettings(data_dir=tmp_path, log_max_mb=0.01)  # 10 KiB
+    cap = int(settings.log_max_mb * 2**20)
+    launcher = Launcher(settings)
+    log_path = tmp_path / "chatty.log"
+    writer = (
+        "import time\nfor i in range(10**6):\n    print(f'line {i:07d}', flush=True)\n    time.sleep(0.001)"
+    )
+    with open(log_path, "ab") as out:  # as Launcher._spawn opens a service's log
+        proc = subprocess.Popen([sys.executable, "-c", writer], stdout=out)
+    launcher.children.append(Child(ChildSpec("chatty", "chatty", 0, ()), "", proc, log_path))
+    rotated_path = tmp_path / "chatty.log.1"
+    try:
+        launcher.check()  # under the cap: nothing to do
+        assert not rotated_path.exists()
+        wait_until(lambda: log_path.stat().st_size > cap, "the log to pass its cap", 30)
+        launcher.check()
+        rotated = rotated_path.read_bytes()
+        assert len(rotated) > cap and rotated.startswith(b"line 0000000\n")
+        wait_until(lambda: log_path.stat().st_size > 100, "the service to write on", 30)
+        content = log_path.read_bytes()
+        assert b"\0" not in content and content.startswith(b"line ")
+        last_rotated = int(rotated.rstrip(b"\n").split(b"\n")[-1].split()[1])
+        assert int(content.split(b"\n")[0].split()[1]) > last_rotated
+        assert log_path.stat().st_size < cap  # emptied, not grown on
+    finally:
+        proc.kill()
+        proc.wait()
