@@ -187,6 +187,7 @@ def summarise(soak: Soak) -> dict[str, Any]:
             "call_latency_ms": soak.demo["call_latency_ms"],
             "samples": soak.demo["samples"],
             "retrains": soak.demo["training_server"]["retrains"],
+            "final_model_version": soak.demo["final_model_version"],
         },
     }
 

@@ -30,6 +30,7 @@ def _demo(errors: int = 0, accepted: int = 500, dropped: int = 0) -> dict[str, o
         "call_latency_ms": {"p50": 2.6, "p99": 8.1},
         "samples": samples,
         "training_server": {"retrains": 40},
+        "final_model_version": "000900-calibrated",
     }
 
 
