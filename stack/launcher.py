@@ -140,6 +140,7 @@ class Launcher:
         self.specs = plan(settings)
         self.log_dir = settings.data_dir.resolve() / "logs"
         self.children: list[Child] = []
+        self._rotation_failing: set[str] = set()  # services whose log could not be rotated, said once
         self._env = child_env(settings, dict(os.environ if env is None else env))
 
     def url(self, name: str) -> str:
@@ -199,8 +200,13 @@ class Launcher:
                 shutil.copyfile(child.log_path, child.log_path.with_name(child.log_path.name + ".1"))
                 os.truncate(child.log_path, 0)
             except OSError as exc:  # a full disk or a removed file must not stop the stack
-                log_event(log, "log_rotation_failed", logging.WARNING, child=child.spec.name, error=str(exc))
+                if child.spec.name not in self._rotation_failing:  # once, not at every check
+                    self._rotation_failing.add(child.spec.name)
+                    log_event(
+                        log, "log_rotation_failed", logging.WARNING, child=child.spec.name, error=str(exc)
+                    )
                 continue
+            self._rotation_failing.discard(child.spec.name)
             log_event(log, "log_rotated", child=child.spec.name, log=str(child.log_path))
 
     def stop(self) -> dict[str, int]:

@@ -5,6 +5,7 @@ process left behind however it stops (SIGINT, SIGTERM, a dead child, even SIGKIL
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import re
@@ -294,6 +295,31 @@ def test_a_log_past_its_cap_is_rotated_while_the_service_writes_on(tmp_path: Pat
         last_rotated = int(rotated.rstrip(b"\n").split(b"\n")[-1].split()[1])
         assert int(content.split(b"\n")[0].split()[1]) > last_rotated
         assert log_path.stat().st_size < cap  # emptied, not grown on
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_log_that_cannot_be_rotated_is_reported_once_and_the_stack_runs_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = StackSettings(data_dir=tmp_path, log_max_mb=0.001)  # 1 KiB
+    launcher = Launcher(settings)
+    log_path = tmp_path / "chatty.log"
+    log_path.write_bytes(b"x" * 2048)
+    (tmp_path / "chatty.log.1").mkdir()  # where the copy must go: the copy fails
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    launcher.children.append(Child(ChildSpec("chatty", "chatty", 0, ()), "", proc, log_path))
+    try:
+        with caplog.at_level(logging.WARNING, logger="stack.launcher"):
+            for _ in range(3):
+                launcher.check()  # never raises for the log
+        failures = [r for r in caplog.records if "log_rotation_failed" in r.getMessage()]
+        assert len(failures) == 1, caplog.text
+        assert log_path.stat().st_size == 2048  # left as it was
+        (tmp_path / "chatty.log.1").rmdir()
+        launcher.check()
+        assert (tmp_path / "chatty.log.1").stat().st_size == 2048 and log_path.stat().st_size == 0
     finally:
         proc.kill()
         proc.wait()
