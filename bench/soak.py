@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -102,20 +103,25 @@ def _service(pid: int) -> str | None:
 
 
 def _disk_mb(root: Path) -> dict[str, float]:
+    """MB per subdirectory of ``root``, each file once however many hard links it has (a calibration
+    version links the model files of the version it is based on)."""
     sizes: dict[str, float] = {}
     for sub in sorted(p for p in root.iterdir() if p.is_dir()) if root.exists() else []:
-        total = 0
+        total, seen = 0, set()
         for f in sub.rglob("*"):
             with contextlib.suppress(OSError):  # replaced or pruned meanwhile
-                if f.is_file() and not f.is_symlink():
-                    total += f.stat().st_size
+                st = f.lstat()
+                if stat.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
         sizes[sub.name] = total / 2**20
     return sizes
 
 
 def _versions(root: Path) -> int:
-    versions = root / "models" / "versions"
-    return sum(1 for _ in versions.iterdir()) if versions.exists() else 0
+    with contextlib.suppress(OSError):  # not yet created, or pruned meanwhile
+        return sum(1 for _ in (root / "models" / "versions").iterdir())
+    return 0
 
 
 def _window_samples(training_url: str) -> int | None:

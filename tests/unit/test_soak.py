@@ -96,7 +96,8 @@ def test_verdict_passes_a_clean_run_and_names_each_failure():
 
 def test_sample_reads_each_service_tree_from_proc(tmp_path: Path):
     # A parent with one child whose command line says ``-m coalescer`` (it only sleeps): found, named,
-    # measured; the data dir's subdirectories are sized; nothing answers the training URL.
+    # measured; the data dir's subdirectories are sized, a hard-linked file once (as a calibration
+    # version links its base's model files); nothing answers the training URL.
     child = (
         "import subprocess, sys, time; "
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '-m', 'coalescer']); "
@@ -105,6 +106,7 @@ def test_sample_reads_each_service_tree_from_proc(tmp_path: Path):
     parent = subprocess.Popen([sys.executable, "-c", child])
     (tmp_path / "training").mkdir()
     (tmp_path / "training" / "journal").write_bytes(b"x" * 2**20)
+    os.link(tmp_path / "training" / "journal", tmp_path / "training" / "linked")  # counted once
     try:
         deadline = time.monotonic() + 20
         while True:
