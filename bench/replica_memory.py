@@ -32,6 +32,7 @@ import httpx
 import numpy as np
 
 from bench.inprocess_training import InProcessTraining
+from bench.soak import process_tree
 from shared.prior import synthetic_columns
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.wire_fields import Columns
@@ -59,13 +60,6 @@ def samples(n: int, seed: int, scale: float = 1.0) -> Columns:
     columns["predicted_ttft_ms"] = np.zeros(n)
     columns["predicted_tpot_ms"] = np.zeros(n)
     return columns
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def publish_forever(training: InProcessTraining, versions: str, stop: threading.Event) -> None:
@@ -124,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 if time.monotonic() >= next_print:
                     print(
                         f"{time.monotonic() - start:5.0f} s: {calls} calls, replica RSS "
-                        f"{rss_mb(replica.pid):.1f} MB, store at {training.store.current_version()}",
+                        f"{_rss_mb(replica.pid):.1f} MB, store at {training.store.current_version()}",
                         flush=True,
                     )
                     next_print += args.every_s
@@ -133,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
         replica.terminate()
         replica.wait()
     return 0
+
+
+def _rss_mb(pid: int) -> float:
+    tree = process_tree(pid)
+    if tree is None:
+        raise SystemExit("the replica exited")
+    return tree.rss_mb
 
 
 def _ready(client: httpx.Client, url: str) -> bool:

@@ -63,7 +63,8 @@ class Soak:
     demo: dict[str, Any] | None = None  # the demo's own summary (``DEMO_SUMMARY``), None if it wrote none
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The pids of ``pid``'s children (every thread's), from ``/proc``."""
     kids: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
         with contextlib.suppress(OSError):  # the task ended meanwhile
@@ -71,7 +72,8 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _tree(pid: int) -> ProcessTree | None:
+def process_tree(pid: int) -> ProcessTree | None:
+    """``pid`` and its descendants' memory, fds and threads, summed; None if ``pid`` is gone."""
     rss_kb = fds = threads = 0
     pending, found = [pid], False
     while pending:
@@ -87,7 +89,7 @@ def _tree(pid: int) -> ProcessTree | None:
                 rss_kb += int(line.split()[1])
             elif line.startswith("Threads:"):
                 threads += int(line.split()[1])
-        pending += _children(p)
+        pending += children(p)
     return ProcessTree(rss_kb / 1024, fds, threads) if found else None
 
 
@@ -133,9 +135,9 @@ def _window_samples(training_url: str) -> int | None:
 
 def sample(stack_pid: int, data_dir: Path, training_url: str, t_s: float) -> Sample:
     services: dict[str, ProcessTree] = {}
-    for pid in _children(stack_pid):
+    for pid in children(stack_pid):
         name = _service(pid)
-        tree = _tree(pid) if name else None
+        tree = process_tree(pid) if name else None
         if name and tree:
             services[f"{name}:{pid}"] = tree
     return Sample(t_s, services, _window_samples(training_url), _disk_mb(data_dir), _versions(data_dir))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import ProcessTree, Sample, Soak, sample, slope_per_hour, summarise, verdict
+from bench.soak import ProcessTree, Sample, Soak, children, sample, slope_per_hour, summarise, verdict
 
 
 def _demo(errors: int = 0, accepted: int = 500, dropped: int = 0) -> dict[str, object]:
@@ -119,12 +119,7 @@ def test_sample_reads_each_service_tree_from_proc(tmp_path: Path):
         assert key.startswith("coalescer:") and tree.rss_mb > 1 and tree.fds >= 3 and tree.threads >= 1
         assert s.disk_mb == {"training": 1.0} and s.window_samples is None and s.versions == 0
     finally:
-        for pid in _descendants(parent.pid):
+        for pid in children(parent.pid):
             os.kill(pid, signal.SIGKILL)
         parent.kill()
         parent.wait()
-
-
-def _descendants(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(c) for c in children.read_text().split()] if children.exists() else []
