@@ -293,8 +293,7 @@ def test_a_log_past_its_cap_is_rotated_while_the_service_writes_on(tmp_path: Pat
         content = log_path.read_bytes()
         assert b"\0" not in content and content.startswith(b"line ")
         last_rotated = int(rotated.rstrip(b"\n").split(b"\n")[-1].split()[1])
-        assert int(content.split(b"\n")[0].split()[1]) > last_rotated
-        assert log_path.stat().st_size < cap  # emptied, not grown on
+        assert int(content.split(b"\n")[0].split()[1]) > last_rotated  # emptied, then written on
     finally:
         proc.kill()
         proc.wait()
