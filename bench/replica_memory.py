@@ -33,9 +33,9 @@ import numpy as np
 
 from bench.inprocess_training import InProcessTraining
 from bench.soak import process_tree
-from shared.prior import synthetic_columns
 from shared.regimes import DEFAULT_SCHEME, RegimeOffsets
 from shared.wire_fields import Columns
+from training_server import synthetic
 
 ROWS = [
     {
@@ -51,14 +51,10 @@ ROWS = [
 
 
 def samples(n: int, seed: int, scale: float = 1.0) -> Columns:
-    """``n`` synthetic rows with latencies that grow with the queue and the batch."""
-    columns = synthetic_columns(n, np.random.default_rng(seed))
-    columns["actual_ttft_ms"] = scale * (
-        50 + 0.05 * columns["input_token_length"] + 30 * columns["num_request_waiting"]
-    )
-    columns["actual_tpot_ms"] = 10 + 0.1 * columns["num_request_running"]
-    columns["predicted_ttft_ms"] = np.zeros(n)
-    columns["predicted_tpot_ms"] = np.zeros(n)
+    """``n`` of ``training_server.synthetic``'s samples, TTFT times ``scale`` (retrains differ)."""
+    columns = synthetic.samples(n, np.random.default_rng(seed))
+    columns["actual_ttft_ms"] = scale * columns["actual_ttft_ms"]
+    columns["predicted_ttft_ms"] = columns["predicted_tpot_ms"] = np.zeros(n)  # none sent
     return columns
 
 

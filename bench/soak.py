@@ -28,13 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-SERVICES = ("training_server", "prediction_server", "coalescer")
+from stack.config import StackSettings
+from stack.launcher import plan
+
 DEMO_SUMMARY = "demo-summary.json"  # what the demo writes into its data dir when it ends
 
 
@@ -93,13 +96,19 @@ def process_tree(pid: int) -> ProcessTree | None:
     return ProcessTree(rss_kb / 1024, fds, threads) if found else None
 
 
+def stack_services(replicas: int) -> Counter[str]:
+    """The service modules the stack runs with ``replicas`` replicas, and how many of each."""
+    return Counter(spec.module for spec in plan(StackSettings(replicas=replicas)))
+
+
 def _service(pid: int) -> str | None:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return None
+    modules = stack_services(1)
     for i, arg in enumerate(argv[:-1]):
-        if arg == b"-m" and argv[i + 1].decode() in SERVICES:
+        if arg == b"-m" and argv[i + 1].decode() in modules:
             return argv[i + 1].decode()
     return None
 
@@ -218,8 +227,7 @@ def verdict(summary: dict[str, Any], replicas: int) -> list[str]:
         if lost:
             failures.append(f"samples lost: {lost}")
     names = [k.split(":")[0] for k in summary["services"]]
-    expected = {"training_server": 1, "coalescer": 1, "prediction_server": replicas}
-    for name, n in expected.items():
+    for name, n in stack_services(replicas).items():
         if names.count(name) != n:
             failures.append(
                 f"{names.count(name)} {name} processes seen, {n} expected (one restarted or died)"
