@@ -15,6 +15,10 @@ each with its median log ratio of prediction to actual (over-prediction > 0).
 the window first, as ``python -m training_server import-trace`` loads a recorded trace (not scored),
 the trainer retrains on them, and only the later stages are replayed and judged: a server restarted
 (or given a recorded trace) partway up the trace's ramp.
+``--shifts S [S ...]`` also reports, per model, the coverage of the served predictions scaled by
+``1 + s`` for each ``s`` (overall and per stage): how precisely a prediction must sit for its
+coverage to stay in #9's band of 0.88-0.92 (on a saturated TPOT, whose top tenth lies within a few
+per cent of its p90, 1 % moves it by 3-7 points).
 ``--setting KEY=VALUE`` changes a ``TrainingSettings`` field, e.g. the
 model structure (``work_baseline=false``, ``monotone_constraints=false``: trees only) or
 ``live_scoring=false`` (no online calibration).
@@ -50,6 +54,7 @@ def replay(
     q: float,
     overrides: dict[str, Any],
     history_stages: int = 0,
+    shifts: tuple[float, ...] = (),
 ) -> dict[str, Any]:
     from bench.accuracy_trace import load_trace, recover_stages
     from bench.inprocess_training import InProcessTraining
@@ -120,8 +125,32 @@ def replay(
                     "coverage": float(covered[m].mean()),
                     "log_ratio": float(np.median(np.log(predicted[name][m] / actual[m]))),
                 }
+        if shifts:
+            stage_groups = {k: v for k, v in groups.items() if k.startswith("stage")}
+            cells["shifts"] = coverage_under_shifts(actual, predicted[name], rows, stage_groups, shifts)
         result[name] = cells
     return result
+
+
+def coverage_under_shifts(
+    actual: np.ndarray,
+    predicted: np.ndarray,
+    rows: np.ndarray,
+    groups: dict[str, np.ndarray],
+    shifts: tuple[float, ...],
+) -> dict[str, dict[str, float]]:
+    """Per shift ``s`` (keyed ``f"{s:+.3f}"``): the coverage of ``predicted * (1 + s)`` over ``rows``
+    and over each group's rows (groups with fewer than ``MIN_CELL_ROWS`` left out)."""
+    out: dict[str, dict[str, float]] = {}
+    for s in shifts:
+        covered = actual <= predicted * (1.0 + s)
+        cell = {"overall": float(covered[rows].mean())} if rows.any() else {}
+        for label, group in groups.items():
+            m = rows & group
+            if m.sum() >= MIN_CELL_ROWS:
+                cell[label] = float(covered[m].mean())
+        out[f"{s:+.3f}"] = cell
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         help="load the first K load stages into the window first (as import-trace does, not scored), "
         "retrain on them, and replay the rest (default 0: cold)",
     )
+    parser.add_argument(
+        "--shifts",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="S",
+        help="also report the coverage of the served predictions scaled by 1 + S (e.g. -0.01 0 0.01)",
+    )
     parser.add_argument("--json", type=Path)
     add_arguments(parser, "work_baseline=false, live_scoring=false")
     args = parser.parse_args(argv)
@@ -147,7 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {}
     for trace in args.traces or TRACES:
         r = report[trace] = replay(
-            trace, directory, args.chunk, args.retrain_every, args.quantile, overrides, args.history_stages
+            trace,
+            directory,
+            args.chunk,
+            args.retrain_every,
+            args.quantile,
+            overrides,
+            args.history_stages,
+            tuple(args.shifts),
         )
         for name, cells in r.items():
             groups = " ".join(
@@ -162,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"(n={every['rows']}), {every['pinball_ms']:.2f} ms; {groups}",
                 flush=True,
             )
+            for shift, cell in cells.get("shifts", {}).items():
+                by_group = " ".join(f"{k}: {v:.3f}" for k, v in cell.items())
+                print(f"  {trace} {name.upper()} served x (1 {shift[0]} {shift[1:]}): {by_group}", flush=True)
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
     return 0
