@@ -361,6 +361,7 @@ def _replay(
         "streams": streams,
         "summaries": summaries,
         "checks": {m: judge(summaries[m], quantile) for m in MODELS},
+        "checks_slack": {m: judge(summaries[m], quantile, slack=True) for m in MODELS},
         "retrains": info["retrains"],
         "naive_fits": info["naive_fits"],
         "wall_s": result.wall_s,

@@ -6,6 +6,14 @@ prediction (NaN before the baseline's first fit), the actual value and whether a
 (not the prior) answered. Everything below works on those arrays, so it can be tested on
 synthetic streams with a known answer. Coverage is ``actual <= predicted``; pinball loss is the
 training server's (``training_server.evaluation.pinball_loss``).
+
+``judge(..., slack=True)`` is not #9's targets but a what-if for its owner: the coverage checks
+with a tolerance of ``SLACK`` in the prediction's own units (the prediction x ``1 + SLACK`` covers
+at least the floor in every group and overall, the prediction x ``1 - SLACK`` at most the band's
+top overall). Where the pods saturate, a latency has almost no tail above its p90, and a 1 %
+change of a prediction moves its coverage by 3-8 points (docs/accuracy-history.md, "How precisely
+a p90 must sit on the real traces"); the band of +-2 points is then narrower than any estimate's
+jitter.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ RECOVERY_LIMIT_S = 60.0  # ... within this long after the step
 WINDOW_S = 10.0
 MIN_WINDOW = 30  # a window with fewer requests is not judged
 MIN_GROUP = 50  # a regime or stage with fewer requests is listed but not judged
+SLACK = 0.02  # judge(slack=True): the coverage checks' tolerance, a share of the prediction
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,9 @@ def metrics(s: Stream, quantile: float) -> dict[str, Any]:
         "coverage": float(covered.mean()),
         "coverage_lo": lo,
         "coverage_hi": hi,
+        # the coverage of the prediction x (1 -+ SLACK): what judge(slack=True) checks
+        "coverage_below": float(np.mean(s.actual <= s.predicted * (1.0 - SLACK))),
+        "coverage_above": float(np.mean(s.actual <= s.predicted * (1.0 + SLACK))),
         "pinball_ms": float(pinball_loss(s.actual, s.predicted, quantile).mean()),
     }
     both = ~np.isnan(s.naive)
@@ -149,30 +161,32 @@ def check(label: str, value: float | None, ok: bool, goal: str) -> dict[str, Any
     return {"target": label, "value": value, "goal": goal, "pass": bool(ok)}
 
 
-def judge(summary: dict[str, Any], quantile: float) -> list[dict[str, Any]]:
-    """The issue #9 "Done means" checks for one replay and model, from ``summarise_stream``."""
+def judge(summary: dict[str, Any], quantile: float, slack: bool = False) -> list[dict[str, Any]]:
+    """The issue #9 "Done means" checks for one replay and model, from ``summarise_stream``; with
+    ``slack``, its coverage checks with a tolerance of ``SLACK`` in the prediction's units (see the
+    module docstring; a group's value is then the coverage of its prediction x ``1 + SLACK``)."""
     rows = []
     o = summary["overall"]
     if not o.get("samples"):
         return [check("a trained model answered", 0, False, "> 0 requests")]
-    rows.append(
-        check(
-            "coverage overall",
-            o["coverage"],
-            abs(o["coverage"] - quantile) <= TOLERANCE + 1e-12,
-            f"{quantile - TOLERANCE:.2f}-{quantile + TOLERANCE:.2f}",
-        )
-    )
+    low, high = quantile - TOLERANCE, quantile + TOLERANCE
+    if slack:  # some prediction within SLACK of ours is covered within the band
+        ok = o["coverage_above"] >= low - 1e-12 and o["coverage_below"] <= high + 1e-12
+        rows.append(check("coverage overall", o["coverage"], ok, f"{low:.2f}-{high:.2f} within {SLACK:.0%}"))
+    else:
+        ok = abs(o["coverage"] - quantile) <= TOLERANCE + 1e-12
+        rows.append(check("coverage overall", o["coverage"], ok, f"{low:.2f}-{high:.2f}"))
+    key = "coverage_above" if slack else "coverage"
     for kind in ("regime", "depth", "stage"):
         judged = {k: v for k, v in summary[kind].items() if v["samples"] >= MIN_GROUP}
         if judged:
-            name, worst = min(judged.items(), key=lambda kv: kv[1]["coverage"])
+            name, worst = min(judged.items(), key=lambda kv: kv[1][key])
             rows.append(
                 check(
                     f"min coverage per {kind} ({name})",
-                    worst["coverage"],
-                    worst["coverage"] >= quantile - FLOOR - 1e-12,
-                    f">= {quantile - FLOOR:.2f}",
+                    worst[key],
+                    worst[key] >= quantile - FLOOR - 1e-12,
+                    f">= {quantile - FLOOR:.2f}" + (f" within {SLACK:.0%}" if slack else ""),
                 )
             )
     if "ratio" in o:
